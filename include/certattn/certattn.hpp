@@ -1,0 +1,11 @@
+// certattn: certified sparse attention on CPU. The umbrella header.
+#pragma once
+
+#include <certattn/common.hpp>
+#include <certattn/options.hpp>
+#include <certattn/perturb.hpp>
+#include <certattn/sampler.hpp>
+#include <certattn/certificate.hpp>
+#include <certattn/value_bounds.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/reference.hpp>

@@ -1,0 +1,84 @@
+// Shared vocabulary of certattn: the error type for bad caller input, the internal
+// assertion macro, the 16-bit element types, and a small strided matrix view.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace certattn {
+
+/// Thrown for bad caller input (options, shapes, non-finite data). The message names the
+/// offending argument. Never thrown from inside a hot loop: inputs are checked at setup.
+struct error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// 16-bit element types of the cache. Eigen's types are bit-compatible with IEEE binary16
+/// and bfloat16, convert to float exactly, and spare us one more dependency.
+using half = Eigen::half;
+using bfloat16 = Eigen::bfloat16;
+
+template <class T>
+concept cache_element =
+    std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> ||
+    std::is_same_v<T, double>;
+
+template <class T>
+inline float to_float(T x) noexcept {
+  return static_cast<float>(x);
+}
+
+namespace detail {
+[[noreturn]] inline void assertion_failed(const char* expr, const char* file, int line) {
+  std::fprintf(stderr, "certattn: internal assertion failed: %s (%s:%d)\n", expr, file, line);
+  std::abort();
+}
+}  // namespace detail
+
+}  // namespace certattn
+
+/// Internal invariants (not caller errors). Define CERTATTN_ASSERT before including any
+/// certattn header to route failures to your own handler; define CERTATTN_NO_ASSERT to
+/// compile the checks out.
+#ifndef CERTATTN_ASSERT
+#ifdef CERTATTN_NO_ASSERT
+#define CERTATTN_ASSERT(expr) ((void)0)
+#else
+#define CERTATTN_ASSERT(expr) \
+  ((expr) ? (void)0 : ::certattn::detail::assertion_failed(#expr, __FILE__, __LINE__))
+#endif
+#endif
+
+namespace certattn {
+
+/// A read-only row-major matrix with a runtime row stride (in elements), e.g. the keys of
+/// one head: rows = tokens, cols = head_dim. The reference estimator takes these.
+template <class T>
+struct matrix_view {
+  const T* data = nullptr;
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+  std::size_t row_stride = 0;  // elements between consecutive rows; 0 means cols
+
+  const T* row(std::size_t i) const noexcept {
+    return data + i * (row_stride == 0 ? cols : row_stride);
+  }
+  T operator()(std::size_t i, std::size_t j) const noexcept { return row(i)[j]; }
+};
+
+template <class T>
+matrix_view<T> make_matrix_view(const T* data, std::size_t rows, std::size_t cols,
+                                std::size_t row_stride = 0) {
+  return matrix_view<T>{data, rows, cols, row_stride};
+}
+
+}  // namespace certattn

@@ -1,0 +1,105 @@
+// Exact attention in double precision: the plain, obviously correct reference that every
+// estimate is measured against, and the quantities the error scales are stated on.
+#pragma once
+
+#include <certattn/common.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace certattn {
+
+struct exact_result {
+  std::vector<double> output;  // o = N / D                                [head_dim]
+  double max_score = 0.0;      // c = max_i s_i
+  double denominator = 0.0;    // D = sum_i exp(s_i - c)
+  double value_scale = 0.0;    // M = sqrt(sum_i a_i ||v_i||^2)
+  double output_norm = 0.0;    // ||o||
+};
+
+namespace detail {
+template <class T>
+inline void check_finite(const T* p, std::size_t n, const char* what) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(double(to_float(p[i]))))
+      throw error(std::string(what) + " contains a NaN or Inf (element " + std::to_string(i) +
+                  ")");
+}
+
+template <class Q, class T>
+inline void check_attention_inputs(std::span<const Q> q, matrix_view<T> keys,
+                                   matrix_view<T> values) {
+  if (keys.cols == 0) throw error("head_dim (keys.cols) must be > 0");
+  if (q.size() != keys.cols)
+    throw error("q has " + std::to_string(q.size()) + " elements but head_dim (keys.cols) is " +
+                std::to_string(keys.cols));
+  if (values.rows != keys.rows)
+    throw error("values.rows (" + std::to_string(values.rows) + ") != keys.rows (" +
+                std::to_string(keys.rows) + ")");
+  if (values.cols != keys.cols)
+    throw error("values.cols (" + std::to_string(values.cols) + ") != keys.cols (" +
+                std::to_string(keys.cols) + ")");
+  if (keys.rows == 0) throw error("keys: the cache is empty (0 tokens)");
+  if (keys.data == nullptr || values.data == nullptr) throw error("keys/values: null data");
+  check_finite(q.data(), q.size(), "q");
+  for (std::size_t t = 0; t < keys.rows; ++t) {
+    check_finite(keys.row(t), keys.cols, "keys");
+    check_finite(values.row(t), values.cols, "values");
+  }
+}
+}  // namespace detail
+
+/// Scores s_i = scale * q.k_i in double.
+template <class Q, cache_element T>
+inline std::vector<double> exact_scores(std::span<const Q> q, matrix_view<T> keys,
+                                        double softmax_scale) {
+  std::vector<double> s(keys.rows);
+  for (std::size_t t = 0; t < keys.rows; ++t) {
+    const T* k = keys.row(t);
+    double acc = 0.0;
+    for (std::size_t i = 0; i < keys.cols; ++i) acc += double(q[i]) * double(to_float(k[i]));
+    s[t] = softmax_scale * acc;
+  }
+  return s;
+}
+
+/// Exact softmax attention of one query over all rows of keys/values, in double.
+/// softmax_scale <= 0 means 1/sqrt(head_dim).
+template <class Q, cache_element T>
+inline exact_result exact_attention(std::span<const Q> q, matrix_view<T> keys,
+                                    matrix_view<T> values, double softmax_scale = 0.0) {
+  detail::check_attention_inputs(q, keys, values);
+  const std::size_t d = keys.cols;
+  if (!(softmax_scale > 0.0)) softmax_scale = 1.0 / std::sqrt(double(d));
+  const std::vector<double> s = exact_scores(q, keys, softmax_scale);
+  exact_result r;
+  r.max_score = *std::max_element(s.begin(), s.end());
+  r.output.assign(d, 0.0);
+  double sq = 0.0;
+  for (std::size_t t = 0; t < keys.rows; ++t) {
+    const double w = std::exp(s[t] - r.max_score);
+    const T* v = values.row(t);
+    double vn = 0.0;
+    for (std::size_t i = 0; i < d; ++i) {
+      const double x = double(to_float(v[i]));
+      r.output[i] += w * x;
+      vn += x * x;
+    }
+    r.denominator += w;
+    sq += w * vn;
+  }
+  double on = 0.0;
+  for (double& x : r.output) {
+    x /= r.denominator;
+    on += x * x;
+  }
+  r.output_norm = std::sqrt(on);
+  r.value_scale = std::sqrt(sq / r.denominator);
+  return r;
+}
+
+}  // namespace certattn

@@ -1,0 +1,107 @@
+// What a certified call is asked to achieve (options) and what it reports back
+// (certificate), with the validation every entry point runs before touching data.
+#pragma once
+
+#include <certattn/common.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace certattn {
+
+/// The error measure a certificate is stated on (ALGORITHM.md, "Error scales").
+enum class error_scale {
+  kDenominator,  // |D^ - D| <= epsilon * D
+  kOutputNorm,   // ||o^ - o|| <= epsilon * ||o||
+  kValueScale,   // ||o^ - o|| <= epsilon * M,  M^2 = sum_i a_i ||v_i||^2
+};
+
+inline std::string_view to_string(error_scale s) noexcept {
+  switch (s) {
+    case error_scale::kDenominator: return "denominator";
+    case error_scale::kOutputNorm: return "output_norm";
+    case error_scale::kValueScale: return "value_scale";
+  }
+  return "?";
+}
+
+inline error_scale error_scale_from_string(std::string_view s) {
+  if (s == "denominator") return error_scale::kDenominator;
+  if (s == "output_norm" || s == "output") return error_scale::kOutputNorm;
+  if (s == "value_scale" || s == "value") return error_scale::kValueScale;
+  throw error("error_scale: unknown name '" + std::string(s) +
+              "' (expected denominator, output_norm or value_scale)");
+}
+
+/// Options of a certified call. A plain struct: set what you need, keep the defaults.
+struct options {
+  double epsilon = 0.1;                         // target error, relative to `scale`
+  double delta = 0.05;                          // failure probability per call and head
+  error_scale scale = error_scale::kValueScale;
+  std::size_t window = 64;                      // newest tokens, always read exactly
+  int grid_ratio = 2;                           // r: levels per halving of tau
+  int max_levels = 32;                          // J: levels 0..J, tau_J = 2^(-J/r)
+  double softmax_scale = 0.0;                   // 0 means 1/sqrt(head_dim)
+  std::uint64_t seed = 0;                       // perturbation seed, fixed before the call
+
+  /// The per-event failure budget delta / ((J+1) * 3): three events per level (count
+  /// interval, second-moment bound, numerator bound), union-bounded over all levels.
+  double event_delta() const noexcept { return delta / (double(max_levels + 1) * 3.0); }
+
+  double effective_softmax_scale(std::size_t head_dim) const noexcept {
+    return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
+  }
+};
+
+/// Throws certattn::error naming the first bad field.
+inline void validate(const options& o) {
+  if (!(o.epsilon > 0.0) || !std::isfinite(o.epsilon))
+    throw error("options.epsilon must be finite and > 0, got " + std::to_string(o.epsilon));
+  if (!(o.delta > 0.0 && o.delta < 1.0))
+    throw error("options.delta must lie in (0, 1), got " + std::to_string(o.delta));
+  if (o.grid_ratio < 1 || o.grid_ratio > 64)
+    throw error("options.grid_ratio must lie in [1, 64], got " + std::to_string(o.grid_ratio));
+  if (o.max_levels < 0 || o.max_levels > 4096)
+    throw error("options.max_levels must lie in [0, 4096], got " + std::to_string(o.max_levels));
+  if (!(o.softmax_scale >= 0.0) || !std::isfinite(o.softmax_scale))
+    throw error("options.softmax_scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got " +
+                std::to_string(o.softmax_scale));
+  switch (o.scale) {
+    case error_scale::kDenominator:
+    case error_scale::kOutputNorm:
+    case error_scale::kValueScale: break;
+    default: throw error("options.scale is not a valid error_scale");
+  }
+}
+
+/// Shape checks shared by every entry point.
+inline void validate_shape(const options& o, std::size_t n_tokens, std::size_t head_dim) {
+  if (head_dim == 0) throw error("head_dim must be > 0");
+  if (n_tokens == 0) throw error("n_tokens: the cache is empty");
+  if (n_tokens < o.window)
+    throw error("n_tokens (" + std::to_string(n_tokens) + ") is shorter than options.window (" +
+                std::to_string(o.window) + ")");
+}
+
+/// What a call reports for one query head.
+struct certificate {
+  bool certified = false;       // true: error <= epsilon * scale with prob >= 1 - delta
+  bool exact = false;           // true: the output is exact attention (no level certified,
+                                //       or an empty pool): error 0
+  int level = -1;               // stopping level j, -1 when exact
+  double tau = 0.0;             // tau_j at the stopping level
+  double bound = 0.0;           // certified error bound relative to its scale:
+                                //   beta / scale_value, or dD / D_lo on the denominator scale
+  double beta = 0.0;            // absolute bound on ||o^ - o||
+  double scale_value = 0.0;     // D_lo, ||o^|| - beta or M_lo
+  std::size_t heavy = 0;        // pool keys with w_i >= tau (read exactly, exact weight)
+  std::size_t sampled = 0;      // light pool keys in the sample (weight tau)
+  std::size_t keys_read = 0;    // keys whose exact 16-bit row was read (window included)
+  std::size_t values_read = 0;  // value rows read (window included)
+  std::size_t bytes_read = 0;   // all bytes read by the call (see docs/bytes.md)
+};
+
+}  // namespace certattn

@@ -1,0 +1,69 @@
+// Perturbations E_i ~ Exp(1), one per pool key, from a counter-based hash of
+// (seed, step, layer, kv_head, token): reproducible from the seed, independent across
+// keys, fresh at every decoding step, and computable for any token in any order.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace certattn {
+
+/// Which perturbations a call uses. The seed lives in options; the step must advance at
+/// every decoding step (fresh perturbations are what make each step's guarantee hold).
+struct noise_key {
+  std::uint64_t step = 0;
+  std::uint32_t layer = 0;
+  std::uint32_t kv_head = 0;
+};
+
+namespace detail {
+/// splitmix64's finaliser (Stafford's Mix13): a bijection on 64 bits with full avalanche.
+/// With a per-call key added to a Weyl sequence of the token index it is SplitMix64,
+/// which passes BigCrush.
+inline constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+inline constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+}  // namespace detail
+
+/// The perturbations of one call (one layer, KV head and step), shared by the query heads
+/// of the GQA group (each head's guarantee is marginal, so sharing them is fine).
+class perturbation {
+ public:
+  constexpr perturbation(std::uint64_t seed, const noise_key& k) noexcept
+      : key_(derive(seed, k)) {}
+
+  /// 64 random bits for a token.
+  constexpr std::uint64_t bits(std::uint64_t token) const noexcept {
+    return detail::mix64(key_ + (token + 1) * detail::kGolden);
+  }
+  /// U in (0, 1] with 53 random bits: (top 53 bits + 1) * 2^-53. Never 0, so E is finite.
+  static constexpr double uniform_from_bits(std::uint64_t b) noexcept {
+    return double((b >> 11) + 1) * 0x1p-53;
+  }
+  double uniform(std::uint64_t token) const noexcept { return uniform_from_bits(bits(token)); }
+  /// E = -ln U ~ Exp(1), in [0, 36.8]. Every path (reference and fast) calls this same
+  /// function, so the sample sets agree bit for bit.
+  double exp1(std::uint64_t token) const noexcept { return -std::log(uniform(token)); }
+
+  constexpr std::uint64_t key() const noexcept { return key_; }
+
+ private:
+  static constexpr std::uint64_t derive(std::uint64_t seed, const noise_key& k) noexcept {
+    // Each field passes through the bijective mixer with its own offset, so distinct
+    // (seed, step, layer, head) tuples give unrelated streams.
+    std::uint64_t h = detail::mix64(seed + 0x243f6a8885a308d3ULL);
+    h = detail::mix64(h ^ (k.step + 0x13198a2e03707344ULL));
+    h = detail::mix64(h ^ (std::uint64_t(k.layer) + 0xa4093822299f31d0ULL));
+    h = detail::mix64(h ^ (std::uint64_t(k.kv_head) + 0x082efa98ec4e6c89ULL));
+    return h;
+  }
+  std::uint64_t key_;
+};
+
+}  // namespace certattn

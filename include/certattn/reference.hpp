@@ -1,0 +1,167 @@
+// The reference certified estimator: exact scores for every key, then the level loop of
+// ALGORITHM.md written as plainly as possible. It is the oracle every fast path is
+// compared with (same perturbations, same sample sets, same certificate), so clarity
+// beats speed here.
+#pragma once
+
+#include <certattn/certificate.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/options.hpp>
+#include <certattn/perturb.hpp>
+#include <certattn/sampler.hpp>
+#include <certattn/value_bounds.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <vector>
+
+namespace certattn {
+
+/// One row of the per-level trace.
+struct level_trace {
+  int level = 0;
+  double tau = 0.0;
+  std::size_t heavy = 0;    // |H_j|
+  std::size_t sampled = 0;  // |S_j ∩ A_j|
+  level_result bound;       // everything certify_level() derived
+};
+
+struct reference_result {
+  std::vector<double> output;       // o^ (or exact o when no level certified)   [head_dim]
+  certificate cert;
+  std::vector<level_trace> trace;   // levels 0..stopping level (all of them when exact)
+  double max_score = 0.0;           // c
+  // For pool key i (i < n - window): the earliest level at which it is sampled
+  // (S_j = { i : sample_level[i] <= j }) and at which it is heavy; max_levels + 1 = never.
+  std::vector<int> sample_level;
+  std::vector<int> heavy_level;
+};
+
+/// Extra inputs that let the reference reproduce an index's value bound exactly.
+struct reference_extras {
+  // The centre g of the value-radius bound; empty means the mean of all value rows.
+  // Pass key_index::value_center() to compare with the fast path.
+  std::span<const float> value_center;
+};
+
+/// The certified estimate for query q over all rows of keys/values (token order: oldest
+/// first; the last options.window rows are the window).
+template <class Q, cache_element T>
+inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> keys,
+                                         matrix_view<T> values, const options& opt,
+                                         const noise_key& nk,
+                                         const reference_extras& extras = {}) {
+  validate(opt);
+  validate_shape(opt, keys.rows, keys.cols);
+  detail::check_attention_inputs(q, keys, values);
+
+  const std::size_t n = keys.rows, d = keys.cols, pool_end = n - opt.window;
+  const int J = opt.max_levels, r = opt.grid_ratio;
+  const std::vector<double> s = exact_scores(q, keys, opt.effective_softmax_scale(d));
+
+  reference_result res;
+  res.max_score = *std::max_element(s.begin(), s.end());
+  const double c = res.max_score;  // a function of q and the cache only: no peeking
+
+  auto value = [&](std::size_t t, std::size_t i) { return double(to_float(values(t, i))); };
+  auto value_sq = [&](std::size_t t) {
+    double a = 0.0;
+    for (std::size_t i = 0; i < d; ++i) a += value(t, i) * value(t, i);
+    return a;
+  };
+
+  // Window: exact sums.
+  double window_weight = 0.0, window_sq = 0.0;
+  std::vector<double> window_num(d, 0.0);
+  for (std::size_t t = pool_end; t < n; ++t) {
+    const double w = std::exp(s[t] - c);
+    window_weight += w;
+    window_sq += w * value_sq(t);
+    for (std::size_t i = 0; i < d; ++i) window_num[i] += w * value(t, i);
+  }
+
+  // Levels at which each pool key is heavy and sampled.
+  const perturbation pert(opt.seed, nk);
+  res.sample_level.resize(pool_end);
+  res.heavy_level.resize(pool_end);
+  for (std::size_t t = 0; t < pool_end; ++t) {
+    res.heavy_level[t] = earliest_level(s[t] - c, r, J);
+    res.sample_level[t] = earliest_level((s[t] - c) + pert.exp1(t), r, J);
+  }
+
+  // Value radius: R(c0) = base + ||g - c0||, base = max over the pool of ||v_i - g||.
+  std::vector<float> center_store;
+  std::span<const float> center = extras.value_center;
+  if (center.empty()) {
+    center_store = value_mean(values, n);
+    center = center_store;
+  }
+  if (center.size() != d)
+    throw error("extras.value_center has " + std::to_string(center.size()) +
+                " elements but head_dim is " + std::to_string(d));
+  double base = 0.0;
+  for (std::size_t t = 0; t < pool_end; ++t)
+    base = std::max(base, double(value_distance_bound(values.row(t), center, d)));
+  const value_radius radius{base, center};
+
+  std::vector<double> exact_num(d), light_sum(d), o_hat(d), c0(d);
+  for (int j = 0; j <= J && pool_end > 0; ++j) {
+    const double tau = tau_of(j, r);
+    level_sums sums;
+    sums.tau = tau;
+    sums.exact_weight = window_weight;
+    sums.exact_sq = window_sq;
+    exact_num = window_num;
+    std::fill(light_sum.begin(), light_sum.end(), 0.0);
+    std::size_t heavy = 0;
+    for (std::size_t t = 0; t < pool_end; ++t) {
+      if (res.heavy_level[t] <= j) {  // heavy: exact weight
+        const double w = std::exp(s[t] - c);
+        ++heavy;
+        sums.exact_weight += w;
+        sums.exact_sq += w * value_sq(t);
+        for (std::size_t i = 0; i < d; ++i) exact_num[i] += w * value(t, i);
+      } else if (res.sample_level[t] <= j) {  // light and sampled: weight tau
+        ++sums.light_count;
+        sums.light_sq += value_sq(t);
+        for (std::size_t i = 0; i < d; ++i) light_sum[i] += value(t, i);
+      }
+    }
+    sums.exact_num = exact_num;
+    sums.light_sum = light_sum;
+    const level_result lr = certify_level(sums, radius, opt, o_hat, c0);
+    res.trace.push_back({j, tau, heavy, sums.light_count, lr});
+    if (lr.certified) {
+      res.output = o_hat;
+      certificate& cert = res.cert;
+      cert.certified = true;
+      cert.level = j;
+      cert.tau = tau;
+      cert.bound = lr.bound;
+      cert.beta = lr.beta;
+      cert.scale_value = lr.scale_value;
+      cert.heavy = heavy;
+      cert.sampled = sums.light_count;
+      // The reference reads every key; it reports what an exact candidate generator
+      // would read: the window and the sample.
+      cert.keys_read = opt.window + heavy + sums.light_count;
+      cert.values_read = cert.keys_read;
+      cert.bytes_read = (cert.keys_read + cert.values_read) * d * sizeof(T);
+      return res;
+    }
+  }
+
+  // No level certified (or the pool is empty): exact attention, error 0.
+  const exact_result ex = exact_attention(q, keys, values, opt.effective_softmax_scale(d));
+  res.output = ex.output;
+  res.cert.certified = pool_end == 0;  // an empty pool is exact, hence trivially certified
+  res.cert.exact = true;
+  res.cert.level = -1;
+  res.cert.keys_read = n;
+  res.cert.values_read = n;
+  res.cert.bytes_read = 2 * n * d * sizeof(T);
+  return res;
+}
+
+}  // namespace certattn

@@ -1,0 +1,44 @@
+// The geometric threshold grid and the nested PPS samples it defines (ALGORITHM.md,
+// "Nested samples"). Membership is decided in the log domain, by one pair of functions
+// that the reference and the fast path share, so both compute the same sets.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace certattn {
+
+/// ln tau_j = -j ln2 / r. tau_0 = 1 and each r levels halve tau.
+inline double ln_tau(int level, int grid_ratio) noexcept {
+  return -double(level) * std::numbers::ln2 / double(grid_ratio);
+}
+inline double tau_of(int level, int grid_ratio) noexcept {
+  return std::exp(ln_tau(level, grid_ratio));
+}
+
+/// Heavy at level j: w_i >= tau_j, i.e. s_i - c >= ln tau_j. Heavy keys are always sampled.
+inline bool is_heavy(double score_minus_c, double ln_tau_j) noexcept {
+  return score_minus_c >= ln_tau_j;
+}
+/// In the sample S_j: s_i - c + E_i >= ln tau_j. A light key enters with probability
+/// exactly w_i / tau_j, independently of the others (Poisson PPS sampling).
+inline bool in_sample(double score_minus_c, double e, double ln_tau_j) noexcept {
+  return score_minus_c + e >= ln_tau_j;
+}
+
+/// The earliest level at which a key with perturbed (upper-bounded) score x = s - c + E can
+/// be in the sample: the smallest j >= 0 with x >= ln tau_j. Returns max_levels + 1 when
+/// no level up to J admits it. Exact with respect to ln_tau(): the guess from the
+/// closed form is corrected by the same comparison in_sample() uses.
+inline int earliest_level(double x, int grid_ratio, int max_levels) noexcept {
+  if (x >= 0.0) return 0;
+  if (!(x >= ln_tau(max_levels, grid_ratio))) return max_levels + 1;
+  int j = int(std::ceil(-x * double(grid_ratio) / std::numbers::ln2));
+  j = std::clamp(j, 0, max_levels);
+  while (j > 0 && x >= ln_tau(j - 1, grid_ratio)) --j;
+  while (j <= max_levels && !(x >= ln_tau(j, grid_ratio))) ++j;
+  return j;
+}
+
+}  // namespace certattn
