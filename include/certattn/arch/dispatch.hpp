@@ -1,0 +1,77 @@
+// Which instruction set the kernels run on. Chosen at run time from CPUID, so that one
+// binary built for x86-64 also runs on a CPU without AVX-512; tests and benches can force
+// a lower level to compare kernels. Kernels for each level live in arch/<level>/ and are
+// compiled with function-level target attributes, never with a global -march.
+#pragma once
+
+#include <atomic>
+#include <string_view>
+
+namespace certattn {
+
+enum class isa {
+  kScalar,       // plain C++
+  kAvx2,         // AVX2 + FMA + F16C
+  kAvx512Vnni,   // AVX-512 F/BW/DQ/VL + VNNI (+ F16C)
+};
+
+inline std::string_view to_string(isa a) noexcept {
+  switch (a) {
+    case isa::kScalar: return "scalar";
+    case isa::kAvx2: return "avx2";
+    case isa::kAvx512Vnni: return "avx512_vnni";
+  }
+  return "?";
+}
+
+/// The best level this CPU supports.
+inline isa detected_isa() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const isa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") &&
+        __builtin_cpu_supports("fma"))
+      return isa::kAvx512Vnni;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+      return isa::kAvx2;
+    return isa::kScalar;
+  }();
+  return best;
+#else
+  return isa::kScalar;
+#endif
+}
+
+namespace detail {
+inline std::atomic<int>& isa_cap() noexcept {
+  static std::atomic<int> cap{int(isa::kAvx512Vnni)};
+  return cap;
+}
+}  // namespace detail
+
+/// Caps the level used by every kernel (process-wide; for tests and benches). A cap above
+/// what the CPU supports is ignored.
+inline void set_isa_cap(isa cap) noexcept { detail::isa_cap().store(int(cap)); }
+
+/// The level kernels use now: min(detected, cap).
+inline isa active_isa() noexcept {
+  const int d = int(detected_isa()), c = detail::isa_cap().load(std::memory_order_relaxed);
+  return isa(d < c ? d : c);
+}
+
+}  // namespace certattn
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CERTATTN_X86 1
+#include <immintrin.h>
+#define CERTATTN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define CERTATTN_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
+#else
+#define CERTATTN_X86 0
+#define CERTATTN_TARGET_AVX2
+#define CERTATTN_TARGET_AVX512
+#endif

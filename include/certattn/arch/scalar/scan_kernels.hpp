@@ -1,0 +1,39 @@
+// Plain C++ twin of the 4-bit scan kernels: the definition the vector kernels must match
+// bit for bit (integer dots are exact; the epilogue is one correctly rounded fma).
+#pragma once
+
+#include <certattn/arch/scan_prep.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace certattn::detail::scalar {
+
+/// Bounds for the 128 tokens of one block and nq queries: u[g * u_stride + t].
+/// codes: the block's interleaved 4-bit codes; qa: [nq][padded_dim] int8.
+inline void scan_block(const std::uint8_t* codes, std::size_t padded_dim, const std::int8_t* qa,
+                       const block_query_prep* prep, std::size_t nq, float* u,
+                       std::size_t u_stride) noexcept {
+  const std::size_t n_oct = padded_dim / 8;
+  for (std::size_t grp = 0; grp < 8; ++grp) {
+    for (std::size_t g = 0; g < nq; ++g) {
+      const std::int8_t* qg = qa + g * padded_dim;
+      std::int32_t dot[16] = {};
+      for (std::size_t o = 0; o < n_oct; ++o) {
+        const std::uint8_t* src = codes + (grp * n_oct + o) * 64;
+        for (std::size_t lane = 0; lane < 16; ++lane)
+          for (std::size_t j = 0; j < 4; ++j) {
+            const std::uint8_t b = src[lane * 4 + j];
+            dot[lane] += std::int32_t(b & 0xF) * qg[8 * o + j] +
+                         std::int32_t(b >> 4) * qg[8 * o + 4 + j];
+          }
+      }
+      for (std::size_t lane = 0; lane < 16; ++lane)
+        u[g * u_stride + grp * 16 + lane] =
+            std::fma(prep[g].alpha, float(dot[lane]), prep[g].offset);
+    }
+  }
+}
+
+}  // namespace certattn::detail::scalar

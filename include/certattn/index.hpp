@@ -1,0 +1,271 @@
+// The key index of one (layer, KV head): 4-bit key codes laid out for VNNI, 8-bit codes
+// for refinement, per-block per-channel scales, and the value-norm bounds the certificate
+// needs. Built once after prefill, appended one token per decoding step. Read-only during
+// certified calls, so calls on several query heads may share it concurrently.
+#pragma once
+
+#include <certattn/common.hpp>
+#include <certattn/layout.hpp>
+#include <certattn/value_bounds.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace certattn {
+
+/// Codes: per block of kBlockTokens tokens and per channel, an offset lo and steps st4, st8
+/// with k = lo + st (q + f), f in [0, 1], for the code q (4-bit: 0..15, 8-bit: 0..255).
+/// 4-bit layout (for _mm512_dpbusd_epi32, FBGEMM's ROW_INTERLEAVE 4): a block is 8 groups
+/// of 16 tokens; a group holds, per channel octet o, 64 bytes: byte 4*lane + j =
+/// code[token lane][8o + j] | code[token lane][8o + 4 + j] << 4. One 64-byte load thus
+/// gives, per 32-bit lane (one token), 4 channels in the low nibbles and the next 4 in the
+/// high nibbles: two dpbusd per query per load, no horizontal sums.
+class key_index {
+ public:
+  static constexpr std::size_t kBlockTokens = 128;
+  static constexpr std::size_t kGroupTokens = 16;
+  static constexpr std::size_t kGroupsPerBlock = kBlockTokens / kGroupTokens;
+  static_assert(kBlockTokens % kGroupTokens == 0);
+
+  key_index() = default;
+  explicit key_index(std::size_t head_dim) : d_(head_dim), dp_((head_dim + 7) / 8 * 8) {
+    if (head_dim == 0) throw error("head_dim must be > 0");
+  }
+
+  std::size_t head_dim() const noexcept { return d_; }
+  /// head_dim rounded up to a multiple of 8 (padded channels have lo = st = 0, code 0).
+  std::size_t padded_dim() const noexcept { return dp_; }
+  std::size_t size() const noexcept { return n_; }
+  std::size_t blocks() const noexcept { return (n_ + kBlockTokens - 1) / kBlockTokens; }
+
+  /// Reserves room for `tokens` tokens so that appends up to there never allocate.
+  void reserve(std::size_t tokens) {
+    const std::size_t nb = (tokens + kBlockTokens - 1) / kBlockTokens;
+    codes4_.reserve(nb * block_code4_bytes());
+    codes8_.reserve(nb * kBlockTokens * dp_);
+    scales_.reserve(nb * 3 * dp_);
+    dist_.reserve(nb * kBlockTokens);
+    block_prefix_max_.reserve(nb);
+  }
+
+  /// Indexes every token of kv (after prefill). Fixes the value centre g as the mean of
+  /// the values present now. Throws certattn::error on NaN/Inf in keys or values.
+  template <kv_view KV>
+  void build(const KV& kv) {
+    check_dim(kv);
+    n_ = 0;
+    codes4_.clear();
+    codes8_.clear();
+    scales_.clear();
+    dist_.clear();
+    block_prefix_max_.clear();
+    const std::size_t n = kv.size();
+    for (std::size_t t = 0; t < n; ++t) check_row(kv, t);
+    // Value centre: mean of the values at build time (any fixed centre is valid).
+    std::vector<double> acc(d_, 0.0);
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < d_; ++i) acc[i] += double(to_float(kv.value(t)[i]));
+    center_.assign(d_, 0.0f);
+    if (n > 0)
+      for (std::size_t i = 0; i < d_; ++i) center_[i] = float(acc[i] / double(n));
+    built_ = true;
+    const std::size_t nb = (n + kBlockTokens - 1) / kBlockTokens;
+    resize_blocks(nb);
+    n_ = n;
+    for (std::size_t b = 0; b < nb; ++b) encode_block(kv, b);
+    dist_.resize(nb * kBlockTokens, 0.0f);
+    for (std::size_t t = 0; t < n; ++t)
+      dist_[t] = value_distance_bound(kv.value(t), center_, d_);
+    for (std::size_t b = 0; b < nb; ++b) update_block_max(b);
+  }
+
+  /// Indexes token `position` (== size()) of kv, the token the engine just wrote. The
+  /// tail block is partly filled: a new token that fits its current code ranges is
+  /// encoded alone; one that widens a range re-encodes the block's tokens from kv.
+  template <kv_view KV>
+  void append(const KV& kv, std::size_t position) {
+    check_dim(kv);
+    if (!built_) throw error("key_index::append: build() must be called first");
+    if (position != n_)
+      throw error("append position (" + std::to_string(position) +
+                  ") must equal the index size (" + std::to_string(n_) + ")");
+    if (kv.size() <= position)
+      throw error("append position (" + std::to_string(position) + ") >= kv.size() (" +
+                  std::to_string(kv.size()) + ")");
+    check_row(kv, position);
+    const std::size_t b = position / kBlockTokens;
+    if (position % kBlockTokens == 0) resize_blocks(b + 1);
+    n_ = position + 1;
+    if (position % kBlockTokens == 0 || !fits_block(kv.key(position), b))
+      encode_block(kv, b);
+    else
+      encode_token(kv.key(position), b, position % kBlockTokens);
+    dist_.resize(blocks() * kBlockTokens, 0.0f);
+    dist_[position] = value_distance_bound(kv.value(position), center_, d_);
+    update_block_max(b);
+  }
+
+  // ---- read access for the kernels -------------------------------------------------
+  std::size_t block_code4_bytes() const noexcept { return kBlockTokens * dp_ / 2; }
+  const std::uint8_t* block_codes4(std::size_t b) const noexcept {
+    return codes4_.data() + b * block_code4_bytes();
+  }
+  const float* block_lo(std::size_t b) const noexcept { return scales_.data() + b * 3 * dp_; }
+  const float* block_step4(std::size_t b) const noexcept { return block_lo(b) + dp_; }
+  const float* block_step8(std::size_t b) const noexcept { return block_lo(b) + 2 * dp_; }
+  const std::uint8_t* codes8(std::size_t token) const noexcept {
+    return codes8_.data() + token * dp_;
+  }
+  /// The 4-bit code of (token, channel), decoded from the interleaved layout (for tests).
+  unsigned code4(std::size_t token, std::size_t ch) const noexcept {
+    const std::size_t b = token / kBlockTokens, tb = token % kBlockTokens;
+    const std::size_t g = tb / kGroupTokens, lane = tb % kGroupTokens;
+    const std::size_t o = ch / 8, j = ch % 8;
+    const std::uint8_t byte =
+        block_codes4(b)[(g * (dp_ / 8) + o) * 64 + lane * 4 + (j & 3)];
+    return j < 4 ? (byte & 0xF) : (byte >> 4);
+  }
+
+  /// The fixed centre g of the value bound.
+  std::span<const float> value_center() const noexcept { return center_; }
+  /// max_{t < pool_end} ||v_t - g||, rounded up: R(c0) = base + ||g - c0||.
+  double value_radius_base(std::size_t pool_end) const noexcept {
+    if (pool_end == 0) return 0.0;
+    pool_end = std::min(pool_end, n_);
+    const std::size_t b = pool_end / kBlockTokens;
+    float m = b > 0 ? block_prefix_max_[b - 1] : 0.0f;
+    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t) m = std::max(m, dist_[t]);
+    return double(m);
+  }
+
+  /// Bytes held by the index (capacity excluded).
+  std::size_t memory_bytes() const noexcept {
+    return codes4_.size() + codes8_.size() + sizeof(float) * (scales_.size() + dist_.size() +
+                                                              block_prefix_max_.size() +
+                                                              center_.size());
+  }
+
+ private:
+  template <kv_view KV>
+  void check_dim(const KV& kv) const {
+    if (d_ == 0) throw error("key_index: default-constructed (head_dim 0)");
+    if (kv.head_dim() != d_)
+      throw error("kv.head_dim() (" + std::to_string(kv.head_dim()) +
+                  ") != key_index head_dim (" + std::to_string(d_) + ")");
+  }
+  template <kv_view KV>
+  void check_row(const KV& kv, std::size_t t) const {
+    const auto* k = kv.key(t);
+    const auto* v = kv.value(t);
+    for (std::size_t i = 0; i < d_; ++i) {
+      if (!std::isfinite(to_float(k[i])))
+        throw error("keys: token " + std::to_string(t) + " has a NaN or Inf");
+      if (!std::isfinite(to_float(v[i])))
+        throw error("values: token " + std::to_string(t) + " has a NaN or Inf");
+    }
+  }
+
+  void resize_blocks(std::size_t nb) {
+    codes4_.resize(nb * block_code4_bytes(), 0);
+    codes8_.resize(nb * kBlockTokens * dp_, 0);
+    scales_.resize(nb * 3 * dp_, 0.0f);
+    block_prefix_max_.resize(nb, 0.0f);
+  }
+
+  /// The largest q in [0, qmax] with lo + st q <= k; then k <= lo + st (q + 1) as
+  /// st >= range / qmax. Checked in double, where lo + st q is exact up to 2^-53.
+  static unsigned quantize(double k, double lo, double st, unsigned qmax) noexcept {
+    if (!(st > 0.0)) return 0;
+    double qd = std::floor((k - lo) / st);
+    qd = std::clamp(qd, 0.0, double(qmax));
+    unsigned q = unsigned(qd);
+    while (q > 0 && lo + st * q > k) --q;
+    while (q < qmax && lo + st * (q + 1) < k) ++q;
+    return q;
+  }
+
+  template <class T>
+  bool fits_block(const T* k, std::size_t b) const noexcept {
+    const float* lo = block_lo(b);
+    const float* s4 = block_step4(b);
+    const float* s8 = block_step8(b);
+    for (std::size_t i = 0; i < d_; ++i) {
+      const double x = double(to_float(k[i]));
+      if (x < double(lo[i]) || x > double(lo[i]) + 15.0 * double(s4[i]) ||
+          x > double(lo[i]) + 255.0 * double(s8[i]))
+        return false;
+    }
+    return true;
+  }
+
+  template <class T>
+  void encode_token(const T* k, std::size_t b, std::size_t tb) noexcept {
+    const float* lo = block_lo(b);
+    const float* s4 = block_step4(b);
+    const float* s8 = block_step8(b);
+    std::uint8_t* c8 = codes8_.data() + (b * kBlockTokens + tb) * dp_;
+    std::uint8_t* c4 = codes4_.data() + b * block_code4_bytes();
+    const std::size_t g = tb / kGroupTokens, lane = tb % kGroupTokens;
+    for (std::size_t o = 0; o < dp_ / 8; ++o) {
+      std::uint8_t* dst = c4 + (g * (dp_ / 8) + o) * 64 + lane * 4;
+      for (std::size_t j = 0; j < 4; ++j) dst[j] = 0;
+    }
+    for (std::size_t i = 0; i < d_; ++i) {
+      const double x = double(to_float(k[i]));
+      c8[i] = std::uint8_t(quantize(x, lo[i], s8[i], 255));
+      const unsigned q4 = quantize(x, lo[i], s4[i], 15);
+      const std::size_t o = i / 8, j = i % 8;
+      std::uint8_t& byte = c4[(g * (dp_ / 8) + o) * 64 + lane * 4 + (j & 3)];
+      byte = std::uint8_t(byte | (j < 4 ? q4 : q4 << 4));
+    }
+  }
+
+  /// Recomputes block b's ranges from its tokens in kv and re-encodes them.
+  template <kv_view KV>
+  void encode_block(const KV& kv, std::size_t b) {
+    const std::size_t t0 = b * kBlockTokens, t1 = std::min(n_, t0 + kBlockTokens);
+    float* lo = scales_.data() + b * 3 * dp_;
+    float* s4 = lo + dp_;
+    float* s8 = lo + 2 * dp_;
+    for (std::size_t i = 0; i < dp_; ++i) lo[i] = s4[i] = s8[i] = 0.0f;
+    for (std::size_t i = 0; i < d_; ++i) {
+      float mn = std::numeric_limits<float>::infinity(), mx = -mn;
+      for (std::size_t t = t0; t < t1; ++t) {
+        const float x = to_float(kv.key(t)[i]);
+        mn = std::min(mn, x);
+        mx = std::max(mx, x);
+      }
+      lo[i] = mn;
+      const double range = double(mx) - double(mn);  // exact in double
+      s4[i] = round_up_to_float(range / 15.0);
+      s8[i] = round_up_to_float(range / 255.0);
+    }
+    std::memset(codes4_.data() + b * block_code4_bytes(), 0, block_code4_bytes());
+    std::memset(codes8_.data() + t0 * dp_, 0, kBlockTokens * dp_);
+    for (std::size_t t = t0; t < t1; ++t) encode_token(kv.key(t), b, t - t0);
+  }
+
+  void update_block_max(std::size_t b) noexcept {
+    float m = b > 0 ? block_prefix_max_[b - 1] : 0.0f;
+    const std::size_t t0 = b * kBlockTokens, t1 = std::min(n_, t0 + kBlockTokens);
+    for (std::size_t t = t0; t < t1; ++t) m = std::max(m, dist_[t]);
+    block_prefix_max_[b] = m;
+  }
+
+  std::size_t d_ = 0, dp_ = 0, n_ = 0;
+  bool built_ = false;
+  std::vector<std::uint8_t> codes4_;      // [blocks][groups][octets][64]
+  std::vector<std::uint8_t> codes8_;      // [tokens (block-padded)][padded_dim]
+  std::vector<float> scales_;             // [blocks][lo, st4, st8][padded_dim]
+  std::vector<float> dist_;               // [tokens (block-padded)] ||v_t - g|| rounded up
+  std::vector<float> block_prefix_max_;   // [blocks] max of dist_ over blocks 0..b
+  std::vector<float> center_;             // [head_dim] g
+};
+
+}  // namespace certattn

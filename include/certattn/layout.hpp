@@ -1,0 +1,164 @@
+// How the library sees the caller's KV cache: a small concept for the cache of one
+// (layer, KV head) and adapters for the layouts engines use. Strides are runtime values
+// (as in mdspan's layout_stride and FlashInfer's paged_kv_t): templates vary only with the
+// element type, so one instantiation serves every layout of that type.
+#pragma once
+
+#include <certattn/common.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace certattn {
+
+/// The cache of one KV head, as the certified call and the key index read it: `size()`
+/// tokens, oldest first, each with a key row and a value row of `head_dim()` contiguous
+/// elements. Rows may live anywhere (strided, paged); only the channels of one row must
+/// be contiguous.
+template <class V>
+concept kv_view = requires(const V& v, std::size_t t) {
+  typename V::element_type;
+  requires cache_element<typename V::element_type>;
+  { v.size() } -> std::convertible_to<std::size_t>;
+  { v.head_dim() } -> std::convertible_to<std::size_t>;
+  { v.key(t) } -> std::same_as<const typename V::element_type*>;
+  { v.value(t) } -> std::same_as<const typename V::element_type*>;
+};
+
+/// Keys and values in two arrays with runtime token strides (in elements). Covers
+/// token-major NHD ([token][kv_head][dim], stride = kv_heads * head_dim), head-major HND
+/// ([kv_head][token][dim], stride = head_dim) and any padded variant.
+template <cache_element T>
+class strided_kv {
+ public:
+  using element_type = T;
+  strided_kv() = default;
+  // keys/values point at token 0 of this head; strides are in elements.
+  strided_kv(const T* keys, const T* values, std::size_t n_tokens, std::size_t head_dim,
+             std::size_t key_stride, std::size_t value_stride)
+      : keys_(keys), values_(values), n_(n_tokens), d_(head_dim),
+        key_stride_(key_stride), value_stride_(value_stride) {
+    if (head_dim == 0) throw error("head_dim must be > 0");
+    if (n_tokens > 0 && (keys == nullptr || values == nullptr))
+      throw error("strided_kv: keys and values must not be null");
+    if (key_stride < head_dim && n_tokens > 1)
+      throw error("key_stride (" + std::to_string(key_stride) + ") < head_dim (" +
+                  std::to_string(head_dim) + "): rows would overlap");
+    if (value_stride < head_dim && n_tokens > 1)
+      throw error("value_stride (" + std::to_string(value_stride) + ") < head_dim (" +
+                  std::to_string(head_dim) + "): rows would overlap");
+  }
+  std::size_t size() const noexcept { return n_; }
+  std::size_t head_dim() const noexcept { return d_; }
+  const T* key(std::size_t t) const noexcept { return keys_ + t * key_stride_; }
+  const T* value(std::size_t t) const noexcept { return values_ + t * value_stride_; }
+  std::size_t key_stride() const noexcept { return key_stride_; }
+  std::size_t value_stride() const noexcept { return value_stride_; }
+  /// The same cache seen with fewer tokens (a prefix), e.g. the state before an append.
+  strided_kv prefix(std::size_t n) const noexcept {
+    strided_kv v = *this;
+    v.n_ = n < n_ ? n : n_;
+    return v;
+  }
+
+ private:
+  const T* keys_ = nullptr;
+  const T* values_ = nullptr;
+  std::size_t n_ = 0, d_ = 0, key_stride_ = 0, value_stride_ = 0;
+};
+
+/// Head `head` of a token-major cache [token][kv_heads][head_dim] (llama.cpp's layout).
+template <cache_element T>
+strided_kv<T> nhd_view(const T* keys, const T* values, std::size_t n_tokens,
+                       std::size_t kv_heads, std::size_t head_dim, std::size_t head) {
+  if (head >= kv_heads)
+    throw error("head (" + std::to_string(head) + ") >= kv_heads (" + std::to_string(kv_heads) +
+                ")");
+  return strided_kv<T>(keys + head * head_dim, values + head * head_dim, n_tokens, head_dim,
+                       kv_heads * head_dim, kv_heads * head_dim);
+}
+
+/// Head `head` of a head-major cache [kv_heads][capacity][head_dim] holding n_tokens.
+template <cache_element T>
+strided_kv<T> hnd_view(const T* keys, const T* values, std::size_t n_tokens,
+                       std::size_t capacity, std::size_t kv_heads, std::size_t head_dim,
+                       std::size_t head) {
+  if (head >= kv_heads)
+    throw error("head (" + std::to_string(head) + ") >= kv_heads (" + std::to_string(kv_heads) +
+                ")");
+  if (n_tokens > capacity)
+    throw error("n_tokens (" + std::to_string(n_tokens) + ") > capacity (" +
+                std::to_string(capacity) + ")");
+  return strided_kv<T>(keys + head * capacity * head_dim, values + head * capacity * head_dim,
+                       n_tokens, head_dim, head_dim, head_dim);
+}
+
+/// A paged cache (vLLM, FlashInfer): fixed-size pages from a pool, a block table mapping
+/// the sequence's page number to a pool page. Within a page, token rows are `token_stride`
+/// elements apart; pages are `page_stride` elements apart; this head's rows start
+/// `head_offset` elements into a page. FlashInfer's HND pages [kv_heads][page_size][dim]:
+/// token_stride = dim, head_offset = head * page_size * dim, page_stride = kv_heads *
+/// page_size * dim. vLLM/NHD pages [page_size][kv_heads][dim]: token_stride = kv_heads *
+/// dim, head_offset = head * dim.
+template <cache_element T>
+class paged_kv {
+ public:
+  using element_type = T;
+  paged_kv() = default;
+  paged_kv(const T* key_pages, const T* value_pages, std::span<const std::int32_t> block_table,
+           std::size_t n_tokens, std::size_t page_size, std::size_t head_dim,
+           std::size_t page_stride, std::size_t token_stride, std::size_t head_offset)
+      : keys_(key_pages), values_(value_pages), table_(block_table), n_(n_tokens),
+        page_(page_size), d_(head_dim), page_stride_(page_stride),
+        token_stride_(token_stride), head_offset_(head_offset) {
+    if (head_dim == 0) throw error("head_dim must be > 0");
+    if (page_size == 0) throw error("page_size must be > 0");
+    if (n_tokens > 0 && (key_pages == nullptr || value_pages == nullptr))
+      throw error("paged_kv: key_pages and value_pages must not be null");
+    if (table_.size() * page_size < n_tokens)
+      throw error("block_table has " + std::to_string(table_.size()) + " pages of " +
+                  std::to_string(page_size) + " tokens, too few for n_tokens = " +
+                  std::to_string(n_tokens));
+    if (token_stride < head_dim && page_size > 1)
+      throw error("token_stride < head_dim: rows would overlap");
+    for (std::size_t p = 0; p * page_size < n_tokens; ++p)
+      if (table_[p] < 0) throw error("block_table[" + std::to_string(p) + "] is negative");
+  }
+  std::size_t size() const noexcept { return n_; }
+  std::size_t head_dim() const noexcept { return d_; }
+  std::size_t page_size() const noexcept { return page_; }
+  const T* key(std::size_t t) const noexcept { return keys_ + offset(t); }
+  const T* value(std::size_t t) const noexcept { return values_ + offset(t); }
+  paged_kv prefix(std::size_t n) const noexcept {
+    paged_kv v = *this;
+    v.n_ = n < n_ ? n : n_;
+    return v;
+  }
+
+ private:
+  std::size_t offset(std::size_t t) const noexcept {
+    return std::size_t(table_[t / page_]) * page_stride_ + head_offset_ +
+           (t % page_) * token_stride_;
+  }
+  const T* keys_ = nullptr;
+  const T* values_ = nullptr;
+  std::span<const std::int32_t> table_;
+  std::size_t n_ = 0, page_ = 0, d_ = 0, page_stride_ = 0, token_stride_ = 0,
+              head_offset_ = 0;
+};
+
+/// A kv_view's keys (or values) as the matrix_view the reference estimator takes, when its
+/// rows are evenly strided.
+template <cache_element T>
+matrix_view<T> keys_matrix(const strided_kv<T>& kv) {
+  return {kv.key(0), kv.size(), kv.head_dim(), kv.key_stride()};
+}
+template <cache_element T>
+matrix_view<T> values_matrix(const strided_kv<T>& kv) {
+  return {kv.value(0), kv.size(), kv.head_dim(), kv.value_stride()};
+}
+
+}  // namespace certattn
