@@ -9,3 +9,7 @@
 #include <certattn/value_bounds.hpp>
 #include <certattn/exact.hpp>
 #include <certattn/reference.hpp>
+#include <certattn/layout.hpp>
+#include <certattn/index.hpp>
+#include <certattn/scan.hpp>
+#include <certattn/attend.hpp>

@@ -32,9 +32,22 @@ concept cache_element =
     std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> ||
     std::is_same_v<T, double>;
 
+/// Element types of a cache the fast path (index, scan, certified call) reads.
+template <class T>
+concept storage_element =
+    std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>;
+
 template <class T>
 inline float to_float(T x) noexcept {
   return static_cast<float>(x);
+}
+/// Exact widening to double (a double element stays as it is).
+template <class T>
+inline double to_double(T x) noexcept {
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return static_cast<double>(static_cast<float>(x));
 }
 
 namespace detail {

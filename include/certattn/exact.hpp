@@ -2,6 +2,7 @@
 // estimate is measured against, and the quantities the error scales are stated on.
 #pragma once
 
+#include <certattn/arch/score_dot.hpp>
 #include <certattn/common.hpp>
 
 #include <algorithm>
@@ -25,7 +26,7 @@ namespace detail {
 template <class T>
 inline void check_finite(const T* p, std::size_t n, const char* what) {
   for (std::size_t i = 0; i < n; ++i)
-    if (!std::isfinite(double(to_float(p[i]))))
+    if (!std::isfinite(to_double(p[i])))
       throw error(std::string(what) + " contains a NaN or Inf (element " + std::to_string(i) +
                   ")");
 }
@@ -53,17 +54,17 @@ inline void check_attention_inputs(std::span<const Q> q, matrix_view<T> keys,
 }
 }  // namespace detail
 
-/// Scores s_i = scale * q.k_i in double.
+/// Scores s_i = scale * q.k_i in double (q rounded to float first: the fast path takes
+/// float queries). The dot runs in 8 fixed lanes so that the fast path's scores are the
+/// same bits (see arch/score_dot.hpp).
 template <class Q, cache_element T>
 inline std::vector<double> exact_scores(std::span<const Q> q, matrix_view<T> keys,
                                         double softmax_scale) {
+  std::vector<float> qf(q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) qf[i] = float(q[i]);
   std::vector<double> s(keys.rows);
-  for (std::size_t t = 0; t < keys.rows; ++t) {
-    const T* k = keys.row(t);
-    double acc = 0.0;
-    for (std::size_t i = 0; i < keys.cols; ++i) acc += double(q[i]) * double(to_float(k[i]));
-    s[t] = softmax_scale * acc;
-  }
+  for (std::size_t t = 0; t < keys.rows; ++t)
+    s[t] = softmax_scale * detail::score_dot(qf.data(), keys.row(t), keys.cols);
   return s;
 }
 
@@ -85,7 +86,7 @@ inline exact_result exact_attention(std::span<const Q> q, matrix_view<T> keys,
     const T* v = values.row(t);
     double vn = 0.0;
     for (std::size_t i = 0; i < d; ++i) {
-      const double x = double(to_float(v[i]));
+      const double x = to_double(v[i]);
       r.output[i] += w * x;
       vn += x * x;
     }

@@ -21,7 +21,7 @@ namespace certattn {
 template <class V>
 concept kv_view = requires(const V& v, std::size_t t) {
   typename V::element_type;
-  requires cache_element<typename V::element_type>;
+  requires storage_element<typename V::element_type>;
   { v.size() } -> std::convertible_to<std::size_t>;
   { v.head_dim() } -> std::convertible_to<std::size_t>;
   { v.key(t) } -> std::same_as<const typename V::element_type*>;
@@ -31,7 +31,7 @@ concept kv_view = requires(const V& v, std::size_t t) {
 /// Keys and values in two arrays with runtime token strides (in elements). Covers
 /// token-major NHD ([token][kv_head][dim], stride = kv_heads * head_dim), head-major HND
 /// ([kv_head][token][dim], stride = head_dim) and any padded variant.
-template <cache_element T>
+template <storage_element T>
 class strided_kv {
  public:
   using element_type = T;
@@ -71,7 +71,7 @@ class strided_kv {
 };
 
 /// Head `head` of a token-major cache [token][kv_heads][head_dim] (llama.cpp's layout).
-template <cache_element T>
+template <storage_element T>
 strided_kv<T> nhd_view(const T* keys, const T* values, std::size_t n_tokens,
                        std::size_t kv_heads, std::size_t head_dim, std::size_t head) {
   if (head >= kv_heads)
@@ -82,7 +82,7 @@ strided_kv<T> nhd_view(const T* keys, const T* values, std::size_t n_tokens,
 }
 
 /// Head `head` of a head-major cache [kv_heads][capacity][head_dim] holding n_tokens.
-template <cache_element T>
+template <storage_element T>
 strided_kv<T> hnd_view(const T* keys, const T* values, std::size_t n_tokens,
                        std::size_t capacity, std::size_t kv_heads, std::size_t head_dim,
                        std::size_t head) {
@@ -103,7 +103,7 @@ strided_kv<T> hnd_view(const T* keys, const T* values, std::size_t n_tokens,
 /// token_stride = dim, head_offset = head * page_size * dim, page_stride = kv_heads *
 /// page_size * dim. vLLM/NHD pages [page_size][kv_heads][dim]: token_stride = kv_heads *
 /// dim, head_offset = head * dim.
-template <cache_element T>
+template <storage_element T>
 class paged_kv {
  public:
   using element_type = T;
@@ -152,11 +152,11 @@ class paged_kv {
 
 /// A kv_view's keys (or values) as the matrix_view the reference estimator takes, when its
 /// rows are evenly strided.
-template <cache_element T>
+template <storage_element T>
 matrix_view<T> keys_matrix(const strided_kv<T>& kv) {
   return {kv.key(0), kv.size(), kv.head_dim(), kv.key_stride()};
 }
-template <cache_element T>
+template <storage_element T>
 matrix_view<T> values_matrix(const strided_kv<T>& kv) {
   return {kv.value(0), kv.size(), kv.head_dim(), kv.value_stride()};
 }

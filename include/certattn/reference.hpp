@@ -64,7 +64,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   res.max_score = *std::max_element(s.begin(), s.end());
   const double c = res.max_score;  // a function of q and the cache only: no peeking
 
-  auto value = [&](std::size_t t, std::size_t i) { return double(to_float(values(t, i))); };
+  auto value = [&](std::size_t t, std::size_t i) { return to_double(values(t, i)); };
   auto value_sq = [&](std::size_t t) {
     double a = 0.0;
     for (std::size_t i = 0; i < d; ++i) a += value(t, i) * value(t, i);

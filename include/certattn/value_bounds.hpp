@@ -27,7 +27,7 @@ inline float value_distance_bound(const T* v, std::span<const float> center,
                                   std::size_t head_dim) noexcept {
   double s = 0.0;
   for (std::size_t i = 0; i < head_dim; ++i) {
-    const double t = double(to_float(v[i])) - (center.empty() ? 0.0 : double(center[i]));
+    const double t = to_double(v[i]) - (center.empty() ? 0.0 : double(center[i]));
     s += t * t;
   }
   // sqrt in double is correctly rounded; the 1e-15 relative term covers the sum.
@@ -44,7 +44,7 @@ inline std::vector<float> value_mean(matrix_view<T> values, std::size_t count) {
   std::vector<double> acc(values.cols, 0.0);
   for (std::size_t t = 0; t < count; ++t) {
     const T* row = values.row(t);
-    for (std::size_t i = 0; i < values.cols; ++i) acc[i] += double(to_float(row[i]));
+    for (std::size_t i = 0; i < values.cols; ++i) acc[i] += to_double(row[i]);
   }
   for (std::size_t i = 0; i < values.cols; ++i) center[i] = float(acc[i] / double(count));
   return center;

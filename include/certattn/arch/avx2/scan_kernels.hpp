@@ -11,6 +11,7 @@
 #include <cstring>
 
 #if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
 namespace certattn::detail::avx2 {
 
 template <int NQ>
@@ -67,4 +68,5 @@ CERTATTN_TARGET_AVX2 inline void scan_block(const std::uint8_t* codes, std::size
 }
 
 }  // namespace certattn::detail::avx2
+CERTATTN_ARCH_END
 #endif

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
 namespace certattn::detail::avx512 {
 
 template <int NQ>
@@ -63,4 +64,5 @@ CERTATTN_TARGET_AVX512 inline void scan_block(const std::uint8_t* codes, std::si
 }
 
 }  // namespace certattn::detail::avx512
+CERTATTN_ARCH_END
 #endif

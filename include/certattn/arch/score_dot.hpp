@@ -1,0 +1,59 @@
+// Exact scores q.k in double with 8 fixed lanes (channel mod 8) and one fixed reduction
+// tree. Products of a float and a 16-bit or float element are exact in double, so fused
+// and unfused multiply-adds agree: the reference and every fast path get the same bits,
+// hence the same sample sets.
+#pragma once
+
+#include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/scan_prep.hpp>
+#include <certattn/common.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace certattn::detail {
+
+template <class T>
+inline double score_dot(const float* q, const T* k, std::size_t d) noexcept {
+  double acc[8] = {};
+  std::size_t o = 0;
+  for (; o + 8 <= d; o += 8)
+    for (std::size_t l = 0; l < 8; ++l) acc[l] += double(q[o + l]) * to_double(k[o + l]);
+  for (std::size_t l = 0; o + l < d; ++l) acc[l] += double(q[o + l]) * to_double(k[o + l]);
+  return reduce8(acc);
+}
+
+#if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
+/// The same lanes for fp16 keys with F16C + AVX-512 (the main path).
+CERTATTN_TARGET_AVX512 inline double score_dot_avx512(const float* q, const half* k,
+                                                      std::size_t d) noexcept {
+  __m512d acc = _mm512_setzero_pd();
+  std::size_t o = 0;
+  for (; o + 8 <= d; o += 8) {
+    __m128i h;
+    std::memcpy(&h, k + o, 16);
+    const __m512d kd = _mm512_cvtps_pd(_mm256_cvtph_ps(h));
+    const __m512d qd = _mm512_cvtps_pd(_mm256_loadu_ps(q + o));
+    acc = _mm512_fmadd_pd(qd, kd, acc);
+  }
+  alignas(64) double lanes[8];
+  _mm512_store_pd(lanes, acc);
+  for (std::size_t l = 0; o + l < d; ++l) lanes[l] += double(q[o + l]) * to_double(k[o + l]);
+  return reduce8(lanes);
+}
+CERTATTN_ARCH_END
+#endif
+
+template <class T>
+inline double score_dot_fast(const float* q, const T* k, std::size_t d, isa which) noexcept {
+#if CERTATTN_X86
+  if constexpr (std::is_same_v<T, half>)
+    if (which == isa::kAvx512Vnni) return score_dot_avx512(q, k, d);
+#endif
+  (void)which;
+  return score_dot(q, k, d);
+}
+
+}  // namespace certattn::detail

@@ -1,0 +1,552 @@
+// The certified call for one GQA group: G query heads sharing one KV head. The stages run
+// top to bottom in this file, one function each:
+//   window      exact scores and values of the newest tokens (shared by the group)
+//   scan        4-bit score bounds u_i >= s_i for every pool key and all G heads at once
+//   max score   c = exact maximum over the keys whose bound can reach the best lower bound
+//   candidates  pool keys whose perturbed bound can reach the deepest level, bucketed by
+//               their earliest level (counting sort)
+//   level loop  new candidates refined with 8-bit codes, then exact 16-bit keys; heavy,
+//               light or out; Horvitz-Thompson sums; the certificate of ALGORITHM.md
+//   fallback    exact attention when no level certifies
+// It computes exactly the samples of reference_attend() (same perturbations, same scores
+// bit for bit, same sets) while reading a small fraction of the cache.
+#pragma once
+
+#include <certattn/arch/candidate_kernels.hpp>
+#include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/score_dot.hpp>
+#include <certattn/certificate.hpp>
+#include <certattn/index.hpp>
+#include <certattn/layout.hpp>
+#include <certattn/options.hpp>
+#include <certattn/perturb.hpp>
+#include <certattn/sampler.hpp>
+#include <certattn/scan.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace certattn {
+
+/// What one group call read, for benches and tests (bytes by the formula of docs/bytes.md).
+struct group_stats {
+  std::size_t tokens = 0;            // n
+  std::size_t pool = 0;              // n - window
+  std::size_t candidates = 0;        // sum over heads of keys bucketed by the 4-bit bound
+  std::size_t refined = 0;           // sum over heads of 8-bit refinements
+  std::size_t keys_read = 0;         // sum over heads of exact key rows read (window: once)
+  std::size_t values_read = 0;       // sum over heads of value rows read (window: once)
+  std::size_t fallbacks = 0;         // heads answered by exact attention
+  std::size_t bytes_read = 0;        // the whole group
+  std::size_t dense_bytes = 0;       // what dense attention reads: K and V once
+  std::size_t bound_violations = 0;  // a key exact-scored above its bound: must stay 0
+};
+
+/// Caller-owned scratch of the certified call, sized once for (group, head_dim, the most
+/// tokens, the most levels). A call with sizes within these never allocates.
+class attend_workspace {
+ public:
+  attend_workspace(std::size_t group, std::size_t head_dim, std::size_t max_tokens,
+                   int max_levels = options{}.max_levels)
+      : group_(group), d_(head_dim), dp_((head_dim + 7) / 8 * 8), cap_(max_tokens),
+        levels_(max_levels) {
+    if (group == 0) throw error("attend_workspace: group must be > 0");
+    if (head_dim == 0) throw error("attend_workspace: head_dim must be > 0");
+    if (max_levels < 0 || max_levels > 254)
+      throw error("attend_workspace: max_levels must lie in [0, 254]");
+    const std::size_t blocks = (max_tokens + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
+    u_stride_ = blocks * key_index::kBlockTokens;
+    block_stride_ = blocks;
+    qpad_.assign(group * dp_, 0.0f);
+    u_.assign(group * u_stride_ + 16, 0.0f);
+    block_max_.assign(group * blocks + 1, 0.0f);
+    qa_.assign(group * dp_, 0);
+    prep_.assign(group, {});
+    window_scores_.assign(group * 64, 0.0);
+    cand_idx_.assign(max_tokens + 16, 0);
+    cand_lvl_.assign(max_tokens + 16, 0);
+    bucket_.assign(max_tokens + 16, 0);
+    bucket_start_.assign(std::size_t(max_levels) + 3, 0);
+    nodes_.assign(3 * max_tokens + 16, {});  // refined, scored, transition
+    pending_head_.assign(std::size_t(max_levels) + 2, -1);
+    transition_head_.assign(std::size_t(max_levels) + 2, -1);
+    exact_num_.assign(head_dim, 0.0);
+    light_sum_.assign(head_dim, 0.0);
+    window_num_.assign(head_dim, 0.0);
+    o_hat_.assign(head_dim, 0.0);
+    c0_.assign(head_dim, 0.0);
+  }
+
+  std::size_t group() const noexcept { return group_; }
+  std::size_t head_dim() const noexcept { return d_; }
+  std::size_t max_tokens() const noexcept { return cap_; }
+  int max_levels() const noexcept { return levels_; }
+  /// Statistics of the last call.
+  const group_stats& last_stats() const noexcept { return stats_; }
+
+ private:
+  friend struct detail_attend;
+
+  struct node {
+    std::uint32_t token = 0;
+    std::int32_t next = -1;
+    double score = 0.0;
+    std::uint8_t stage = 0;  // kRefined or kScored
+  };
+
+  std::size_t group_, d_, dp_, cap_;
+  int levels_;
+  std::size_t u_stride_ = 0, block_stride_ = 0;
+  std::vector<float> qpad_, u_, block_max_;
+  std::vector<std::int8_t> qa_;
+  std::vector<detail::block_query_prep> prep_;
+  std::vector<double> window_scores_;
+  std::vector<std::uint32_t> cand_idx_, bucket_;
+  std::vector<std::uint8_t> cand_lvl_;
+  std::vector<std::uint32_t> bucket_start_;
+  std::vector<node> nodes_;
+  std::vector<std::int32_t> pending_head_, transition_head_;
+  std::vector<double> exact_num_, light_sum_, window_num_, o_hat_, c0_;
+  group_stats stats_;
+};
+
+/// The stages of the certified call. Internal: use attend_group().
+struct detail_attend {
+  using node = attend_workspace::node;
+  static constexpr std::uint8_t kRefined = 1, kScored = 2;
+
+  /// Per-head running sums of the level loop.
+  struct head_state {
+    double exact_weight = 0.0, exact_sq = 0.0, light_sq = 0.0;
+    std::size_t light_count = 0, heavy = 0, keys_read = 0, values_read = 0, refined = 0;
+    std::int32_t free_node = 0;
+  };
+
+  template <class T>
+  static double add_value(const T* v, std::size_t d, double w, double* acc) noexcept {
+    double sq = 0.0;
+    for (std::size_t i = 0; i < d; ++i) {
+      const double x = to_double(v[i]);
+      acc[i] += w * x;
+      sq += x * x;
+    }
+    return sq;
+  }
+
+  // ---- stage: window ------------------------------------------------------------------
+  template <kv_view KV>
+  static void window_scores(const KV& kv, const float* q, std::size_t G, std::size_t d,
+                            double scale, std::size_t pool_end, attend_workspace& ws,
+                            isa which) noexcept {
+    const std::size_t W = kv.size() - pool_end;
+    for (std::size_t t = 0; t < W; ++t)
+      for (std::size_t g = 0; g < G; ++g)
+        ws.window_scores_[g * 64 + t] =
+            scale * detail::score_dot_fast(q + g * d, kv.key(pool_end + t), d, which);
+  }
+
+  // ---- stage: scan --------------------------------------------------------------------
+  static void scan(const key_index& idx, std::size_t G, double scale, std::size_t pool_end,
+                   attend_workspace& ws, isa which) noexcept {
+    scan_request r;
+    r.index = &idx;
+    r.queries = ws.qpad_.data();
+    r.nq = G;
+    r.softmax_scale = scale;
+    r.pool_end = pool_end;
+    r.u = ws.u_.data();
+    r.u_stride = ws.u_stride_;
+    r.block_max = ws.block_max_.data();
+    r.block_stride = ws.block_stride_;
+    r.qa = ws.qa_.data();
+    r.prep = ws.prep_.data();
+    scan_score_bounds(r, which);
+  }
+
+  // ---- stage: max score ---------------------------------------------------------------
+  /// c = max_i s_i exactly: any key above the running lower bound has its bound above it.
+  template <kv_view KV>
+  static double max_score(const KV& kv, const float* q, std::size_t d, double scale,
+                          std::size_t pool_end, const float* u, const float* block_max,
+                          double window_max, head_state& st, isa which) noexcept {
+    double lb = window_max;
+    const std::size_t nb = (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
+    auto exact = [&](std::size_t t) {
+      ++st.keys_read;
+      return scale * detail::score_dot_fast(q, kv.key(t), d, which);
+    };
+    // Seed with the key of the largest bound: usually the maximum itself.
+    std::size_t best_block = 0;
+    for (std::size_t b = 1; b < nb; ++b)
+      if (block_max[b] > block_max[best_block]) best_block = b;
+    if (nb > 0 && double(block_max[best_block]) >= lb) {
+      const std::size_t t0 = best_block * key_index::kBlockTokens;
+      const std::size_t t1 = std::min(pool_end, t0 + key_index::kBlockTokens);
+      std::size_t arg = t0;
+      for (std::size_t t = t0; t < t1; ++t)
+        if (u[t] > u[arg]) arg = t;
+      lb = std::max(lb, exact(arg));
+    }
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (double(block_max[b]) < lb) continue;
+      const std::size_t t0 = b * key_index::kBlockTokens;
+      const std::size_t t1 = std::min(pool_end, t0 + key_index::kBlockTokens);
+      for (std::size_t t = t0; t < t1; ++t)
+        if (double(u[t]) >= lb) lb = std::max(lb, exact(t));
+    }
+    return lb;
+  }
+
+  // ---- stage: candidates --------------------------------------------------------------
+  /// Pool keys whose perturbed bound reaches ln tau_J, in buckets by earliest level.
+  static std::size_t bucket_candidates(const float* u, std::size_t pool_end, double c,
+                                       const perturbation& pert, const options& opt,
+                                       attend_workspace& ws, isa which) noexcept {
+    detail::candidate_params p;
+    p.noise = pert.key();
+    p.c = std::nextafter(float(c), -INFINITY);  // below c: y only grows
+    // Each of the three float roundings errs by at most 2^-24 of its operand, all of
+    // which stay within |c| + 80 for any token that can reach ln tau_J >= -180.
+    p.slack = float((std::fabs(c) + 256.0) * 0x1p-21);
+    p.threshold = float(ln_tau(opt.max_levels, opt.grid_ratio));
+    p.level_scale = float(-double(opt.grid_ratio) / std::numbers::ln2);
+    p.max_levels = opt.max_levels;
+    std::size_t m;
+#if CERTATTN_X86
+    if (which == isa::kAvx512Vnni)
+      m = detail::find_candidates_avx512(u, pool_end, p, ws.cand_idx_.data(), ws.cand_lvl_.data());
+    else
+#endif
+      m = detail::find_candidates_scalar(u, pool_end, p, ws.cand_idx_.data(), ws.cand_lvl_.data());
+    (void)which;
+    // Counting sort by level (stable: tokens stay in order within a level).
+    const std::size_t J = std::size_t(opt.max_levels);
+    std::uint32_t* start = ws.bucket_start_.data();
+    std::fill(start, start + J + 3, 0u);
+    for (std::size_t i = 0; i < m; ++i) ++start[ws.cand_lvl_[i] + 1];
+    for (std::size_t j = 1; j <= J + 1; ++j) start[j] += start[j - 1];
+    // start[j] is now the beginning of bucket j; scatter with start[j] as the cursor.
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t j = ws.cand_lvl_[i];
+      ws.bucket_[start[j]++] = ws.cand_idx_[i];
+    }
+    // Shift back: after the scatter, start[j] is the end of bucket j = start of j + 1.
+    for (std::size_t j = J + 1; j > 0; --j) start[j] = start[j - 1];
+    start[0] = 0;
+    return m;
+  }
+
+  // ---- stage: level loop --------------------------------------------------------------
+  /// 8-bit bound on s_i (in double, with a margin covering its rounding).
+  static double refine8(const key_index& idx, std::size_t t, const float* qpad, double scale) noexcept {
+    const std::size_t dp = idx.padded_dim(), b = t / key_index::kBlockTokens;
+    const float* lo = idx.block_lo(b);
+    const float* st = idx.block_step8(b);
+    const std::uint8_t* code = idx.codes8(t);
+    double sum = 0.0, mag = 0.0;
+    for (std::size_t i = 0; i < dp; ++i) {
+      const double a = double(qpad[i]) * double(st[i]);
+      const double ql = double(qpad[i]) * double(lo[i]);
+      sum += ql + a * double(code[i]) + std::max(a, 0.0);
+      mag += std::fabs(ql) + 256.0 * std::fabs(a);
+    }
+    return scale * (sum + mag * 0x1p-40);
+  }
+
+  static std::int32_t push(attend_workspace& ws, head_state& st, std::vector<std::int32_t>& head,
+                           std::size_t level, std::uint32_t token, double score,
+                           std::uint8_t stage) noexcept {
+    const std::int32_t k = st.free_node++;
+    node& nd = ws.nodes_[std::size_t(k)];
+    nd.token = token;
+    nd.score = score;
+    nd.stage = stage;
+    nd.next = head[level];
+    head[level] = k;
+    return k;
+  }
+
+  template <kv_view KV>
+  static void include(const KV& kv, std::size_t t, double s, double c, int level, int heavy_level,
+                      const options& opt, attend_workspace& ws, head_state& st) noexcept {
+    const double w = std::exp(s - c);
+    ++st.values_read;
+    if (heavy_level <= level) {
+      ++st.heavy;
+      st.exact_weight += w;
+      st.exact_sq += w * add_value(kv.value(t), ws.d_, w, ws.exact_num_.data());
+    } else {
+      ++st.light_count;
+      st.light_sq += add_value(kv.value(t), ws.d_, 1.0, ws.light_sum_.data());
+      if (heavy_level <= opt.max_levels)
+        push(ws, st, ws.transition_head_, std::size_t(heavy_level), std::uint32_t(t), s, kScored);
+    }
+  }
+
+  /// The exact stage: read the key, decide heavy / light / out at this level or later.
+  template <kv_view KV>
+  static void score_exactly(const KV& kv, std::size_t t, const float* q, double scale, double c,
+                            const perturbation& pert, int level, const options& opt,
+                            attend_workspace& ws, head_state& st, isa which) noexcept {
+    ++st.keys_read;
+    const double s = scale * detail::score_dot_fast(q, kv.key(t), ws.d_, which);
+    admit(kv, t, s, c, pert, level, opt, ws, st);
+  }
+
+  template <kv_view KV>
+  static void admit(const KV& kv, std::size_t t, double s, double c, const perturbation& pert,
+                    int level, const options& opt, attend_workspace& ws, head_state& st) noexcept {
+    const int ls = earliest_level((s - c) + pert.exp1(t), opt.grid_ratio, opt.max_levels);
+    const int lh = earliest_level(s - c, opt.grid_ratio, opt.max_levels);
+    if (ls > opt.max_levels) return;
+    if (ls > level) {
+      push(ws, st, ws.pending_head_, std::size_t(ls), std::uint32_t(t), s, kScored);
+      return;
+    }
+    if (ls < level) ++ws.stats_.bound_violations;  // the bounds promised otherwise
+    include(kv, t, s, c, level, lh, opt, ws, st);
+  }
+
+  template <kv_view KV>
+  static void candidate(const KV& kv, const key_index& idx, std::size_t t, const float* q,
+                        const float* qpad, double scale, double c, const perturbation& pert,
+                        int level, const options& opt, attend_workspace& ws, head_state& st,
+                        isa which) noexcept {
+    ++st.refined;
+    const double u8 = refine8(idx, t, qpad, scale);
+    const double e_up = double(pert.exp1_upper(t));
+    const double x8 = (u8 - c) + e_up;
+    int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0), opt.grid_ratio,
+                            opt.max_levels);
+    if (l8 > opt.max_levels) return;
+    if (l8 > level) {
+      push(ws, st, ws.pending_head_, std::size_t(l8), std::uint32_t(t), 0.0, kRefined);
+      return;
+    }
+    score_exactly(kv, t, q, scale, c, pert, level, opt, ws, st, which);
+  }
+
+  /// Keys sampled as light at an earlier level that are heavy from this level on.
+  template <kv_view KV>
+  static void transitions(const KV& kv, int level, double c, attend_workspace& ws,
+                          head_state& st) noexcept {
+    for (std::int32_t k = ws.transition_head_[std::size_t(level)]; k >= 0;
+         k = ws.nodes_[std::size_t(k)].next) {
+      const node& nd = ws.nodes_[std::size_t(k)];
+      const double w = std::exp(nd.score - c);
+      const auto* v = kv.value(nd.token);
+      double sq = 0.0;
+      for (std::size_t i = 0; i < ws.d_; ++i) {
+        const double x = to_double(v[i]);
+        ws.light_sum_[i] -= x;
+        ws.exact_num_[i] += w * x;
+        sq += x * x;
+      }
+      --st.light_count;
+      st.light_sq -= sq;
+      ++st.heavy;
+      st.exact_weight += w;
+      st.exact_sq += w * sq;
+    }
+  }
+
+  // ---- stage: fallback ----------------------------------------------------------------
+  /// Exact attention for one head (no level certified): every key and value, in double.
+  template <kv_view KV>
+  static void exact_head(const KV& kv, const float* q, double scale, double c, float* out,
+                         attend_workspace& ws, isa which) noexcept {
+    const std::size_t n = kv.size(), d = ws.d_;
+    std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
+    double den = 0.0;
+    for (std::size_t t = 0; t < n; ++t) {
+      const double w = std::exp(scale * detail::score_dot_fast(q, kv.key(t), d, which) - c);
+      den += w;
+      add_value(kv.value(t), d, w, ws.exact_num_.data());
+    }
+    for (std::size_t i = 0; i < d; ++i) out[i] = float(ws.exact_num_[i] / den);
+  }
+
+  // ---- the call, stage by stage -------------------------------------------------------
+  template <kv_view KV>
+  static void run(std::span<const float> queries, std::size_t group, const KV& kv,
+                  const key_index& idx, const noise_key& nk, const options& opt,
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws) {
+    using T = typename KV::element_type;
+    const std::size_t n = kv.size(), d = kv.head_dim();
+    const isa which = active_isa();
+    const double scale = opt.effective_softmax_scale(d);
+    const std::size_t pool_end = n - opt.window;
+    const std::size_t dp = (d + 7) / 8 * 8;
+    const perturbation pert(opt.seed, nk);
+    group_stats& stats = ws.stats_;
+    stats = {};
+    stats.tokens = n;
+    stats.pool = pool_end;
+
+    for (std::size_t g = 0; g < group; ++g) {
+      std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
+      std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
+    }
+    window_scores(kv, queries.data(), group, d, scale, pool_end, ws, which);
+    if (pool_end > 0) scan(idx, group, scale, pool_end, ws, which);
+
+    const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
+    const std::size_t W = n - pool_end;
+    for (std::size_t g = 0; g < group; ++g) {
+      const float* q = queries.data() + g * d;
+      const float* qpad = ws.qpad_.data() + g * dp;
+      const float* u = ws.u_.data() + g * ws.u_stride_;
+      head_state st;
+      st.keys_read = W;
+      st.values_read = W;
+      double window_max = -std::numeric_limits<double>::infinity();
+      for (std::size_t t = 0; t < W; ++t) window_max = std::max(window_max, ws.window_scores_[g * 64 + t]);
+      const double c = pool_end > 0
+                           ? max_score(kv, q, d, scale, pool_end, u,
+                                          ws.block_max_.data() + g * ws.block_stride_, window_max, st, which)
+                           : window_max;
+
+      // Window sums with this head's c.
+      std::fill(ws.window_num_.begin(), ws.window_num_.end(), 0.0);
+      double window_weight = 0.0, window_sq = 0.0;
+      for (std::size_t t = 0; t < W; ++t) {
+        const double w = std::exp(ws.window_scores_[g * 64 + t] - c);
+        window_weight += w;
+        window_sq += w * add_value(kv.value(pool_end + t), d, w, ws.window_num_.data());
+      }
+
+      certificate& cert = certs[g];
+      cert = {};
+      float* o = out.data() + g * d;
+      bool done = false;
+      if (pool_end == 0) {  // no pool: the window is everything, exactly
+        for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.window_num_[i] / window_weight);
+        cert.certified = cert.exact = true;
+        done = true;
+      } else {
+        const std::size_t m = bucket_candidates(u, pool_end, c, pert, opt, ws, which);
+        stats.candidates += m;
+        std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
+        std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
+        ws.exact_num_ = ws.window_num_;  // no allocation: same size
+        std::fill(ws.light_sum_.begin(), ws.light_sum_.end(), 0.0);
+        st.exact_weight = window_weight;
+        st.exact_sq = window_sq;
+        for (int j = 0; j <= opt.max_levels && !done; ++j) {
+          // New candidates of this level, then keys deferred to it, then light keys that
+          // turn heavy here.
+          for (std::uint32_t i = ws.bucket_start_[std::size_t(j)]; i < ws.bucket_start_[std::size_t(j) + 1]; ++i)
+            candidate(kv, idx, ws.bucket_[i], q, qpad, scale, c, pert, j, opt, ws, st, which);
+          for (std::int32_t k = ws.pending_head_[std::size_t(j)]; k >= 0;) {
+            const auto nd = ws.nodes_[std::size_t(k)];
+            if (nd.stage == kRefined)
+              score_exactly(kv, nd.token, q, scale, c, pert, j, opt, ws, st, which);
+            else
+              admit(kv, nd.token, nd.score, c, pert, j, opt, ws, st);
+            k = nd.next;
+          }
+          transitions(kv, j, c, ws, st);
+
+          level_sums sums;
+          sums.tau = tau_of(j, opt.grid_ratio);
+          sums.exact_weight = st.exact_weight;
+          sums.exact_num = ws.exact_num_;
+          sums.exact_sq = st.exact_sq;
+          sums.light_count = st.light_count;
+          sums.light_sum = ws.light_sum_;
+          sums.light_sq = st.light_sq;
+          const level_result lr = certify_level(sums, radius, opt, ws.o_hat_, ws.c0_);
+          if (lr.certified) {
+            for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.o_hat_[i]);
+            cert.certified = true;
+            cert.level = j;
+            cert.tau = sums.tau;
+            cert.bound = lr.bound;
+            cert.beta = lr.beta;
+            cert.scale_value = lr.scale_value;
+            cert.heavy = st.heavy;
+            cert.sampled = st.light_count;
+            done = true;
+          }
+        }
+      }
+      if (!done) {
+        exact_head(kv, q, scale, c, o, ws, which);
+        cert.exact = true;
+        cert.level = -1;
+        st.keys_read = n;
+        st.values_read = n;
+        ++stats.fallbacks;
+      }
+      cert.keys_read = st.keys_read;
+      cert.values_read = st.values_read;
+      // Own reads; the shared part (codes, scales, window) is added below, split evenly.
+      cert.bytes_read = st.refined * dp + (st.keys_read - W + st.values_read - W) * d * sizeof(T);
+      stats.refined += st.refined;
+      stats.keys_read += st.keys_read - W;
+      stats.values_read += st.values_read - W;
+    }
+    const std::size_t pool_blocks = (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
+    const std::size_t shared = pool_blocks * (idx.block_code4_bytes() + 3 * dp * sizeof(float)) +
+                               2 * W * d * sizeof(T);
+    stats.keys_read += W;
+    stats.values_read += W;
+    stats.bytes_read = shared;
+    for (std::size_t g = 0; g < group; ++g) {
+      stats.bytes_read += certs[g].bytes_read;
+      certs[g].bytes_read += shared / group;
+    }
+    stats.dense_bytes = 2 * n * d * sizeof(T);
+  }
+};
+
+/// Certified attention for the G query heads of one GQA group over one KV head.
+///   queries [group][head_dim] (unscaled; options.softmax_scale applies), kv the head's
+///   cache (kv.size() tokens, oldest first), idx its key index (idx.size() == kv.size()),
+///   nk the perturbation key (layer, kv head, decoding step: advance the step every call),
+///   out [group][head_dim], certs [group]. The workspace is the caller's: a call within
+///   its sizes allocates nothing. Single-threaded and reentrant; calls on different
+///   groups may run concurrently, also on one shared index.
+template <kv_view KV>
+void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
+                  const key_index& idx, const noise_key& nk, const options& opt,
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws) {
+  validate(opt);
+  const std::size_t n = kv.size(), d = kv.head_dim();
+  validate_shape(opt, n, d);
+  if (group == 0) throw error("group must be > 0");
+  if (queries.size() != group * d)
+    throw error("queries has " + std::to_string(queries.size()) + " elements, expected group * head_dim = " +
+                std::to_string(group * d));
+  if (out.size() != group * d)
+    throw error("out has " + std::to_string(out.size()) + " elements, expected group * head_dim = " +
+                std::to_string(group * d));
+  if (certs.size() != group)
+    throw error("certs has " + std::to_string(certs.size()) + " elements, expected group = " +
+                std::to_string(group));
+  if (idx.head_dim() != d)
+    throw error("idx head_dim (" + std::to_string(idx.head_dim()) + ") != kv.head_dim() (" +
+                std::to_string(d) + ")");
+  if (idx.size() != n)
+    throw error("idx.size() (" + std::to_string(idx.size()) + ") != kv.size() (" +
+                std::to_string(n) + "): append every new token to the index");
+  if (group > ws.group() || d != ws.head_dim() || n > ws.max_tokens() ||
+      opt.max_levels > ws.max_levels())
+    throw error("ws (attend_workspace) is sized for group " + std::to_string(ws.group()) +
+                ", head_dim " + std::to_string(ws.head_dim()) + ", " +
+                std::to_string(ws.max_tokens()) + " tokens, " + std::to_string(ws.max_levels()) +
+                " levels: too small for this call");
+  if (opt.window > 64) throw error("options.window must be <= 64 for attend_group");
+  for (float x : queries)
+    if (!std::isfinite(x)) throw error("queries contain a NaN or Inf");
+
+  detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws);
+}
+
+}  // namespace certattn
