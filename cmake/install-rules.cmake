@@ -1,15 +1,32 @@
-include(GNUInstallDirs)
+# install() + export of the header-only target, a relocatable certattnConfig.cmake that
+# finds Eigen and xsimd again, and a version file. Everything is in one component, so
+# `cmake --install <build> --component certattn_Development` installs the library alone
+# whatever else (bench, examples) the build tree holds.
 include(CMakePackageConfigHelpers)
 
-install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+set(CERTATTN_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/certattn/cmake
+    CACHE STRING "Where certattnConfig.cmake is installed, relative to the prefix")
+mark_as_advanced(CERTATTN_CMAKE_DIR)
+
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        COMPONENT certattn_Development)
+# An INTERFACE library installs no file itself; this only puts it in the export set.
 install(TARGETS certattn EXPORT certattnTargets)
-set(CERTATTN_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/certattn/cmake)
-install(EXPORT certattnTargets NAMESPACE certattn:: DESTINATION ${CERTATTN_CMAKE_DIR})
-configure_package_config_file(cmake/certattnConfig.cmake.in
-  ${PROJECT_BINARY_DIR}/certattnConfig.cmake INSTALL_DESTINATION ${CERTATTN_CMAKE_DIR})
+install(EXPORT certattnTargets
+        NAMESPACE certattn::
+        DESTINATION ${CERTATTN_CMAKE_DIR}
+        COMPONENT certattn_Development)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/certattnConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/certattnConfig.cmake
+  INSTALL_DESTINATION ${CERTATTN_CMAKE_DIR})
 # Header-only: the version file must not pin the architecture of the build machine.
+# SameMinorVersion: 0.x releases may break the API between minors.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/certattnConfigVersion.cmake
   COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
 install(FILES ${PROJECT_BINARY_DIR}/certattnConfig.cmake
               ${PROJECT_BINARY_DIR}/certattnConfigVersion.cmake
-        DESTINATION ${CERTATTN_CMAKE_DIR})
+              ${PROJECT_SOURCE_DIR}/cmake/certattn-xsimd-xtl.cmake
+        DESTINATION ${CERTATTN_CMAKE_DIR}
+        COMPONENT certattn_Development)

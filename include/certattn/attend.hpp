@@ -14,6 +14,7 @@
 
 #include <certattn/arch/candidate_kernels.hpp>
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/refine_kernels.hpp>
 #include <certattn/arch/score_dot.hpp>
 #include <certattn/certificate.hpp>
 #include <certattn/index.hpp>
@@ -24,6 +25,7 @@
 #include <certattn/scan.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -46,7 +48,27 @@ struct group_stats {
   std::size_t bytes_read = 0;        // the whole group
   std::size_t dense_bytes = 0;       // what dense attention reads: K and V once
   std::size_t bound_violations = 0;  // a key exact-scored above its bound: must stay 0
+  // Seconds per stage (window, scan, max score, candidates, level loop, fallback), filled
+  // only when CERTATTN_PROFILE_STAGES is defined (the bench's profile mode).
+  double stage_seconds[6] = {};
 };
+
+namespace detail {
+#ifdef CERTATTN_PROFILE_STAGES
+struct stage_clock {
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  void lap(double& acc) {
+    const auto now = std::chrono::steady_clock::now();
+    acc += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+};
+#else
+struct stage_clock {
+  void lap(double&) noexcept {}
+};
+#endif
+}  // namespace detail
 
 /// Caller-owned scratch of the certified call, sized once for (group, head_dim, the most
 /// tokens, the most levels). A call with sizes within these never allocates.
@@ -69,11 +91,14 @@ class attend_workspace {
     qa_.assign(group * dp_, 0);
     prep_.assign(group, {});
     window_scores_.assign(group * 64, 0.0);
+    exact_scores_.assign(max_tokens + 1, 0.0);
     cand_idx_.assign(max_tokens + 16, 0);
     cand_lvl_.assign(max_tokens + 16, 0);
     bucket_.assign(max_tokens + 16, 0);
     bucket_start_.assign(std::size_t(max_levels) + 3, 0);
     nodes_.assign(3 * max_tokens + 16, {});  // refined, scored, transition
+    to_score_.assign(max_tokens + 16, 0);
+    to_include_.assign(max_tokens + 16, {});
     pending_head_.assign(std::size_t(max_levels) + 2, -1);
     transition_head_.assign(std::size_t(max_levels) + 2, -1);
     exact_num_.assign(head_dim, 0.0);
@@ -106,11 +131,19 @@ class attend_workspace {
   std::vector<float> qpad_, u_, block_max_;
   std::vector<std::int8_t> qa_;
   std::vector<detail::block_query_prep> prep_;
-  std::vector<double> window_scores_;
+  std::vector<double> window_scores_;  // [group][window]
+  std::vector<double> exact_scores_;   // [exact set] scores of one head
   std::vector<std::uint32_t> cand_idx_, bucket_;
   std::vector<std::uint8_t> cand_lvl_;
   std::vector<std::uint32_t> bucket_start_;
   std::vector<node> nodes_;
+  struct admitted {
+    std::uint32_t token = 0;
+    int heavy_level = 0;
+    double score = 0.0;
+  };
+  std::vector<std::uint32_t> to_score_;   // this level's keys to read exactly
+  std::vector<admitted> to_include_;      // this level's keys whose values enter the sums
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, window_num_, o_hat_, c0_;
   group_stats stats_;
@@ -119,6 +152,13 @@ class attend_workspace {
 /// The stages of the certified call. Internal: use attend_group().
 struct detail_attend {
   using node = attend_workspace::node;
+  // Candidates sit at random places in the cache: every pass over them prefetches this
+  // many rows ahead, so that the misses overlap instead of queueing.
+  static constexpr std::size_t kPrefetchAhead = 12;
+  static void prefetch_rows(const void* p, std::size_t bytes) noexcept {
+    const char* c = static_cast<const char*>(p);
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+  }
   static constexpr std::uint8_t kRefined = 1, kScored = 2;
 
   /// Per-head running sums of the level loop.
@@ -243,20 +283,12 @@ struct detail_attend {
   }
 
   // ---- stage: level loop --------------------------------------------------------------
-  /// 8-bit bound on s_i (in double, with a margin covering its rounding).
-  static double refine8(const key_index& idx, std::size_t t, const float* qpad, double scale) noexcept {
-    const std::size_t dp = idx.padded_dim(), b = t / key_index::kBlockTokens;
-    const float* lo = idx.block_lo(b);
-    const float* st = idx.block_step8(b);
-    const std::uint8_t* code = idx.codes8(t);
-    double sum = 0.0, mag = 0.0;
-    for (std::size_t i = 0; i < dp; ++i) {
-      const double a = double(qpad[i]) * double(st[i]);
-      const double ql = double(qpad[i]) * double(lo[i]);
-      sum += ql + a * double(code[i]) + std::max(a, 0.0);
-      mag += std::fabs(ql) + 256.0 * std::fabs(a);
-    }
-    return scale * (sum + mag * 0x1p-40);
+  /// 8-bit bound on s_i (see arch/refine_kernels.hpp for the margin).
+  static double refine8(const key_index& idx, std::size_t t, const float* qpad, double scale,
+                        isa which) noexcept {
+    const std::size_t b = t / key_index::kBlockTokens;
+    return scale * detail::refine8_bound(qpad, idx.block_lo(b), idx.block_step8(b),
+                                         idx.codes8(t), idx.padded_dim(), which);
   }
 
   static std::int32_t push(attend_workspace& ws, head_state& st, std::vector<std::int32_t>& head,
@@ -289,47 +321,79 @@ struct detail_attend {
     }
   }
 
-  /// The exact stage: read the key, decide heavy / light / out at this level or later.
-  template <kv_view KV>
-  static void score_exactly(const KV& kv, std::size_t t, const float* q, double scale, double c,
-                            const perturbation& pert, int level, const options& opt,
-                            attend_workspace& ws, head_state& st, isa which) noexcept {
-    ++st.keys_read;
-    const double s = scale * detail::score_dot_fast(q, kv.key(t), ws.d_, which);
-    admit(kv, t, s, c, pert, level, opt, ws, st);
-  }
-
-  template <kv_view KV>
-  static void admit(const KV& kv, std::size_t t, double s, double c, const perturbation& pert,
-                    int level, const options& opt, attend_workspace& ws, head_state& st) noexcept {
+  /// A key with exact score s at this level: sampled now (queued for its value), at a
+  /// later level (deferred), or never.
+  static void admit(std::size_t t, double s, double c, const perturbation& pert, int level,
+                    const options& opt, attend_workspace& ws, head_state& st,
+                    std::size_t& n_include) noexcept {
     const int ls = earliest_level((s - c) + pert.exp1(t), opt.grid_ratio, opt.max_levels);
-    const int lh = earliest_level(s - c, opt.grid_ratio, opt.max_levels);
     if (ls > opt.max_levels) return;
     if (ls > level) {
       push(ws, st, ws.pending_head_, std::size_t(ls), std::uint32_t(t), s, kScored);
       return;
     }
     if (ls < level) ++ws.stats_.bound_violations;  // the bounds promised otherwise
-    include(kv, t, s, c, level, lh, opt, ws, st);
+    ws.to_include_[n_include++] = {std::uint32_t(t),
+                                   earliest_level(s - c, opt.grid_ratio, opt.max_levels), s};
   }
 
-  template <kv_view KV>
-  static void candidate(const KV& kv, const key_index& idx, std::size_t t, const float* q,
-                        const float* qpad, double scale, double c, const perturbation& pert,
-                        int level, const options& opt, attend_workspace& ws, head_state& st,
-                        isa which) noexcept {
+  /// The 8-bit stage of a new candidate: true when its exact key must be read now.
+  static bool refine_candidate(const key_index& idx, std::size_t t, const float* qpad,
+                               double scale, double c, const perturbation& pert, int level,
+                               const options& opt, attend_workspace& ws, head_state& st,
+                               isa which) noexcept {
     ++st.refined;
-    const double u8 = refine8(idx, t, qpad, scale);
-    const double e_up = double(pert.exp1_upper(t));
-    const double x8 = (u8 - c) + e_up;
-    int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0), opt.grid_ratio,
-                            opt.max_levels);
-    if (l8 > opt.max_levels) return;
+    const double u8 = refine8(idx, t, qpad, scale, which);
+    const double x8 = (u8 - c) + double(pert.exp1_upper(t));
+    const int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0),
+                                  opt.grid_ratio, opt.max_levels);
+    if (l8 > opt.max_levels) return false;
     if (l8 > level) {
       push(ws, st, ws.pending_head_, std::size_t(l8), std::uint32_t(t), 0.0, kRefined);
-      return;
+      return false;
     }
-    score_exactly(kv, t, q, scale, c, pert, level, opt, ws, st, which);
+    return true;
+  }
+
+  /// One level's new keys: 8-bit refinement, exact keys, values; each pass prefetches.
+  template <kv_view KV>
+  static void process_level(const KV& kv, const key_index& idx, const float* q,
+                            const float* qpad, double scale, double c, const perturbation& pert,
+                            int level, const options& opt, attend_workspace& ws,
+                            head_state& st, isa which) noexcept {
+    const std::size_t d = ws.d_, dp = idx.padded_dim();
+    using T = typename KV::element_type;
+    std::size_t n_score = 0, n_include = 0;
+    const std::uint32_t b0 = ws.bucket_start_[std::size_t(level)];
+    const std::uint32_t b1 = ws.bucket_start_[std::size_t(level) + 1];
+    for (std::uint32_t i = b0; i < b1; ++i) {
+      if (i + kPrefetchAhead < b1) prefetch_rows(idx.codes8(ws.bucket_[i + kPrefetchAhead]), dp);
+      const std::uint32_t t = ws.bucket_[i];
+      if (refine_candidate(idx, t, qpad, scale, c, pert, level, opt, ws, st, which))
+        ws.to_score_[n_score++] = t;
+    }
+    for (std::int32_t k = ws.pending_head_[std::size_t(level)]; k >= 0;) {
+      const node nd = ws.nodes_[std::size_t(k)];
+      if (nd.stage == kRefined)
+        ws.to_score_[n_score++] = nd.token;
+      else
+        admit(nd.token, nd.score, c, pert, level, opt, ws, st, n_include);
+      k = nd.next;
+    }
+    for (std::size_t i = 0; i < n_score; ++i) {
+      if (i + kPrefetchAhead < n_score)
+        prefetch_rows(kv.key(ws.to_score_[i + kPrefetchAhead]), d * sizeof(T));
+      const std::uint32_t t = ws.to_score_[i];
+      ++st.keys_read;
+      const double s = scale * detail::score_dot_fast(q, kv.key(t), d, which);
+      admit(t, s, c, pert, level, opt, ws, st, n_include);
+    }
+    for (std::size_t i = 0; i < n_include; ++i) {
+      if (i + kPrefetchAhead < n_include)
+        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), d * sizeof(T));
+      const auto& a = ws.to_include_[i];
+      include(kv, a.token, a.score, c, level, a.heavy_level, opt, ws, st);
+    }
   }
 
   /// Keys sampled as light at an earlier level that are heavy from this level on.
@@ -393,20 +457,32 @@ struct detail_attend {
       std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
       std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
     }
+    detail::stage_clock clock;
     window_scores(kv, queries.data(), group, d, scale, pool_end, ws, which);
+    clock.lap(stats.stage_seconds[0]);
     if (pool_end > 0) scan(idx, group, scale, pool_end, ws, which);
+    clock.lap(stats.stage_seconds[1]);
 
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     const std::size_t W = n - pool_end;
+    // The exact set (value outliers) inside the pool: read exactly, never sampled.
+    std::span<const std::uint32_t> xs = idx.exact_tokens();
+    xs = xs.first(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(pool_end)) - xs.begin()));
+    for (std::size_t g = 0; g < group; ++g)
+      for (std::uint32_t t : xs) ws.u_[g * ws.u_stride_ + t] = -std::numeric_limits<float>::infinity();
     for (std::size_t g = 0; g < group; ++g) {
       const float* q = queries.data() + g * d;
       const float* qpad = ws.qpad_.data() + g * dp;
       const float* u = ws.u_.data() + g * ws.u_stride_;
       head_state st;
-      st.keys_read = W;
-      st.values_read = W;
+      st.keys_read = W + xs.size();
+      st.values_read = W + xs.size();
       double window_max = -std::numeric_limits<double>::infinity();
       for (std::size_t t = 0; t < W; ++t) window_max = std::max(window_max, ws.window_scores_[g * 64 + t]);
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        ws.exact_scores_[i] = scale * detail::score_dot_fast(q, kv.key(xs[i]), d, which);
+        window_max = std::max(window_max, ws.exact_scores_[i]);
+      }
       const double c = pool_end > 0
                            ? max_score(kv, q, d, scale, pool_end, u,
                                           ws.block_max_.data() + g * ws.block_stride_, window_max, st, which)
@@ -420,17 +496,24 @@ struct detail_attend {
         window_weight += w;
         window_sq += w * add_value(kv.value(pool_end + t), d, w, ws.window_num_.data());
       }
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const double w = std::exp(ws.exact_scores_[i] - c);
+        window_weight += w;
+        window_sq += w * add_value(kv.value(xs[i]), d, w, ws.window_num_.data());
+      }
 
       certificate& cert = certs[g];
       cert = {};
       float* o = out.data() + g * d;
       bool done = false;
-      if (pool_end == 0) {  // no pool: the window is everything, exactly
+      if (pool_end == xs.size()) {  // no pool: window and exact set are everything
         for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.window_num_[i] / window_weight);
         cert.certified = cert.exact = true;
         done = true;
       } else {
+        clock.lap(stats.stage_seconds[2]);
         const std::size_t m = bucket_candidates(u, pool_end, c, pert, opt, ws, which);
+        clock.lap(stats.stage_seconds[3]);
         stats.candidates += m;
         std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
         std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
@@ -441,16 +524,7 @@ struct detail_attend {
         for (int j = 0; j <= opt.max_levels && !done; ++j) {
           // New candidates of this level, then keys deferred to it, then light keys that
           // turn heavy here.
-          for (std::uint32_t i = ws.bucket_start_[std::size_t(j)]; i < ws.bucket_start_[std::size_t(j) + 1]; ++i)
-            candidate(kv, idx, ws.bucket_[i], q, qpad, scale, c, pert, j, opt, ws, st, which);
-          for (std::int32_t k = ws.pending_head_[std::size_t(j)]; k >= 0;) {
-            const auto nd = ws.nodes_[std::size_t(k)];
-            if (nd.stage == kRefined)
-              score_exactly(kv, nd.token, q, scale, c, pert, j, opt, ws, st, which);
-            else
-              admit(kv, nd.token, nd.score, c, pert, j, opt, ws, st);
-            k = nd.next;
-          }
+          process_level(kv, idx, q, qpad, scale, c, pert, j, opt, ws, st, which);
           transitions(kv, j, c, ws, st);
 
           level_sums sums;
@@ -476,6 +550,7 @@ struct detail_attend {
           }
         }
       }
+      clock.lap(stats.stage_seconds[4]);
       if (!done) {
         exact_head(kv, q, scale, c, o, ws, which);
         cert.exact = true;
@@ -484,19 +559,22 @@ struct detail_attend {
         st.values_read = n;
         ++stats.fallbacks;
       }
+      clock.lap(stats.stage_seconds[5]);
       cert.keys_read = st.keys_read;
       cert.values_read = st.values_read;
       // Own reads; the shared part (codes, scales, window) is added below, split evenly.
-      cert.bytes_read = st.refined * dp + (st.keys_read - W + st.values_read - W) * d * sizeof(T);
+      const std::size_t exact_rows = W + xs.size();  // shared by the group
+      cert.bytes_read =
+          st.refined * dp + (st.keys_read - exact_rows + st.values_read - exact_rows) * d * sizeof(T);
       stats.refined += st.refined;
-      stats.keys_read += st.keys_read - W;
-      stats.values_read += st.values_read - W;
+      stats.keys_read += st.keys_read - exact_rows;
+      stats.values_read += st.values_read - exact_rows;
     }
     const std::size_t pool_blocks = (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
     const std::size_t shared = pool_blocks * (idx.block_code4_bytes() + 3 * dp * sizeof(float)) +
-                               2 * W * d * sizeof(T);
-    stats.keys_read += W;
-    stats.values_read += W;
+                               2 * (W + xs.size()) * d * sizeof(T);
+    stats.keys_read += W + xs.size();
+    stats.values_read += W + xs.size();
     stats.bytes_read = shared;
     for (std::size_t g = 0; g < group; ++g) {
       stats.bytes_read += certs[g].bytes_read;

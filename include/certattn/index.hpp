@@ -4,6 +4,7 @@
 // certified calls, so calls on several query heads may share it concurrently.
 #pragma once
 
+#include <certattn/arch/scan_prep.hpp>
 #include <certattn/common.hpp>
 #include <certattn/layout.hpp>
 #include <certattn/value_bounds.hpp>
@@ -49,45 +50,38 @@ class key_index {
     const std::size_t nb = (tokens + kBlockTokens - 1) / kBlockTokens;
     codes4_.reserve(nb * block_code4_bytes());
     codes8_.reserve(nb * kBlockTokens * dp_);
+    rho_.reserve(nb * kBlockTokens);
     scales_.reserve(nb * 3 * dp_);
     dist_.reserve(nb * kBlockTokens);
     block_prefix_max_.reserve(nb);
   }
 
-  /// Indexes every token of kv (after prefill). Fixes the value centre g as the mean of
-  /// the values present now. Throws certattn::error on NaN/Inf in keys or values.
+  /// Indexes every token of kv (after prefill) and fixes the value bounds (centre g, cap,
+  /// exact set) from the values present now. Throws certattn::error on NaN/Inf in keys or
+  /// values.
   template <kv_view KV>
   void build(const KV& kv) {
     check_dim(kv);
     n_ = 0;
     codes4_.clear();
     codes8_.clear();
+    rho_.clear();
     scales_.clear();
-    dist_.clear();
-    block_prefix_max_.clear();
     const std::size_t n = kv.size();
     for (std::size_t t = 0; t < n; ++t) check_row(kv, t);
-    // Value centre: mean of the values at build time (any fixed centre is valid).
-    std::vector<double> acc(d_, 0.0);
-    for (std::size_t t = 0; t < n; ++t)
-      for (std::size_t i = 0; i < d_; ++i) acc[i] += double(to_float(kv.value(t)[i]));
-    center_.assign(d_, 0.0f);
-    if (n > 0)
-      for (std::size_t i = 0; i < d_; ++i) center_[i] = float(acc[i] / double(n));
     built_ = true;
     const std::size_t nb = (n + kBlockTokens - 1) / kBlockTokens;
     resize_blocks(nb);
     n_ = n;
     for (std::size_t b = 0; b < nb; ++b) encode_block(kv, b);
-    dist_.resize(nb * kBlockTokens, 0.0f);
-    for (std::size_t t = 0; t < n; ++t)
-      dist_[t] = value_distance_bound(kv.value(t), center_, d_);
-    for (std::size_t b = 0; b < nb; ++b) update_block_max(b);
+    refresh_value_bounds(kv);
   }
 
   /// Indexes token `position` (== size()) of kv, the token the engine just wrote. The
   /// tail block is partly filled: a new token that fits its current code ranges is
-  /// encoded alone; one that widens a range re-encodes the block's tokens from kv.
+  /// encoded alone; one that widens a range re-encodes the block's tokens from kv. The
+  /// value bounds are recomputed whenever the cache has doubled since they were fixed
+  /// (amortised O(head_dim) per append), so that a short prefill does not fix them for good.
   template <kv_view KV>
   void append(const KV& kv, std::size_t position) {
     check_dim(kv);
@@ -106,8 +100,13 @@ class key_index {
       encode_block(kv, b);
     else
       encode_token(kv.key(position), b, position % kBlockTokens);
+    if (n_ >= next_refresh_) {
+      refresh_value_bounds(kv);
+      return;
+    }
     dist_.resize(blocks() * kBlockTokens, 0.0f);
     dist_[position] = value_distance_bound(kv.value(position), center_, d_);
+    if (dist_[position] > cap_) exact_.push_back(std::uint32_t(position));
     update_block_max(b);
   }
 
@@ -119,6 +118,11 @@ class key_index {
   const float* block_lo(std::size_t b) const noexcept { return scales_.data() + b * 3 * dp_; }
   const float* block_step4(std::size_t b) const noexcept { return block_lo(b) + dp_; }
   const float* block_step8(std::size_t b) const noexcept { return block_lo(b) + 2 * dp_; }
+  /// Per-token residual norms ||f - 1/2|| of the 4-bit codes, in bytes of
+  /// detail::rho_step(padded_dim) rounded up (the Cauchy-Schwarz term of the scan).
+  const std::uint8_t* block_rho(std::size_t b) const noexcept {
+    return rho_.data() + b * kBlockTokens;
+  }
   const std::uint8_t* codes8(std::size_t token) const noexcept {
     return codes8_.data() + token * dp_;
   }
@@ -132,23 +136,30 @@ class key_index {
     return j < 4 ? (byte & 0xF) : (byte >> 4);
   }
 
-  /// The fixed centre g of the value bound.
+  /// The centre g of the value bound.
   std::span<const float> value_center() const noexcept { return center_; }
-  /// max_{t < pool_end} ||v_t - g||, rounded up: R(c0) = base + ||g - c0||.
+  /// Tokens with ||v - g|| above this cap form the exact set (see value_bounds.hpp).
+  float value_cap() const noexcept { return cap_; }
+  /// The exact set, in increasing token order.
+  std::span<const std::uint32_t> exact_tokens() const noexcept { return exact_; }
+  /// max ||v_t - g|| over t < pool_end outside the exact set, rounded up:
+  /// R(c0) = base + ||g - c0|| bounds the pool's ||v_i - c0||.
   double value_radius_base(std::size_t pool_end) const noexcept {
     if (pool_end == 0) return 0.0;
     pool_end = std::min(pool_end, n_);
     const std::size_t b = pool_end / kBlockTokens;
     float m = b > 0 ? block_prefix_max_[b - 1] : 0.0f;
-    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t) m = std::max(m, dist_[t]);
+    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t)
+      if (dist_[t] <= cap_) m = std::max(m, dist_[t]);
     return double(m);
   }
 
   /// Bytes held by the index (capacity excluded).
   std::size_t memory_bytes() const noexcept {
-    return codes4_.size() + codes8_.size() + sizeof(float) * (scales_.size() + dist_.size() +
-                                                              block_prefix_max_.size() +
-                                                              center_.size());
+    return codes4_.size() + codes8_.size() + rho_.size() +
+           sizeof(float) * (scales_.size() + dist_.size() + block_prefix_max_.size() +
+                            center_.size()) +
+           sizeof(std::uint32_t) * exact_.size();
   }
 
  private:
@@ -174,6 +185,7 @@ class key_index {
   void resize_blocks(std::size_t nb) {
     codes4_.resize(nb * block_code4_bytes(), 0);
     codes8_.resize(nb * kBlockTokens * dp_, 0);
+    rho_.resize(nb * kBlockTokens, 0);
     scales_.resize(nb * 3 * dp_, 0.0f);
     block_prefix_max_.resize(nb, 0.0f);
   }
@@ -216,14 +228,23 @@ class key_index {
       std::uint8_t* dst = c4 + (g * (dp_ / 8) + o) * 64 + lane * 4;
       for (std::size_t j = 0; j < 4; ++j) dst[j] = 0;
     }
+    double rho2 = 0.0;
     for (std::size_t i = 0; i < d_; ++i) {
       const double x = double(to_float(k[i]));
       c8[i] = std::uint8_t(quantize(x, lo[i], s8[i], 255));
       const unsigned q4 = quantize(x, lo[i], s4[i], 15);
+      if (s4[i] > 0.0f) {  // f in [0, 1] with x = lo + st (q4 + f); a constant channel adds 0
+        const double f = (x - double(lo[i])) / double(s4[i]) - double(q4);
+        rho2 += (f - 0.5) * (f - 0.5);
+      }
       const std::size_t o = i / 8, j = i % 8;
       std::uint8_t& byte = c4[(g * (dp_ / 8) + o) * 64 + lane * 4 + (j & 3)];
       byte = std::uint8_t(byte | (j < 4 ? q4 : q4 << 4));
     }
+    // Rounded up with a margin far above the double rounding of f (about 1e-15).
+    const double rho = std::sqrt(rho2) * (1.0 + 1e-9) + 1e-9;
+    rho_[b * kBlockTokens + tb] =
+        std::uint8_t(std::min(255.0, std::ceil(rho / detail::rho_step(dp_))));
   }
 
   /// Recomputes block b's ranges from its tokens in kv and re-encodes them.
@@ -251,20 +272,46 @@ class key_index {
     for (std::size_t t = t0; t < t1; ++t) encode_token(kv.key(t), b, t - t0);
   }
 
+  /// Prefix maxima of the distances outside the exact set, blocks 0..b.
   void update_block_max(std::size_t b) noexcept {
     float m = b > 0 ? block_prefix_max_[b - 1] : 0.0f;
     const std::size_t t0 = b * kBlockTokens, t1 = std::min(n_, t0 + kBlockTokens);
-    for (std::size_t t = t0; t < t1; ++t) m = std::max(m, dist_[t]);
+    for (std::size_t t = t0; t < t1; ++t)
+      if (dist_[t] <= cap_) m = std::max(m, dist_[t]);
     block_prefix_max_[b] = m;
   }
 
-  std::size_t d_ = 0, dp_ = 0, n_ = 0;
+  /// Centre = mean of all values now, distances, cap, exact set, prefix maxima.
+  template <kv_view KV>
+  void refresh_value_bounds(const KV& kv) {
+    std::vector<double> acc(d_, 0.0);
+    for (std::size_t t = 0; t < n_; ++t)
+      for (std::size_t i = 0; i < d_; ++i) acc[i] += to_double(kv.value(t)[i]);
+    center_.assign(d_, 0.0f);
+    if (n_ > 0)
+      for (std::size_t i = 0; i < d_; ++i) center_[i] = float(acc[i] / double(n_));
+    dist_.assign(blocks() * kBlockTokens, 0.0f);
+    for (std::size_t t = 0; t < n_; ++t)
+      dist_[t] = value_distance_bound(kv.value(t), center_, d_);
+    cap_ = value_cap_from(std::vector<float>(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_)));
+    exact_.clear();
+    for (std::size_t t = 0; t < n_; ++t)
+      if (dist_[t] > cap_) exact_.push_back(std::uint32_t(t));
+    block_prefix_max_.assign(blocks(), 0.0f);
+    for (std::size_t b = 0; b < blocks(); ++b) update_block_max(b);
+    next_refresh_ = std::max(2 * n_, kMinTokensForCap);
+  }
+
+  std::size_t d_ = 0, dp_ = 0, n_ = 0, next_refresh_ = 0;
   bool built_ = false;
+  float cap_ = std::numeric_limits<float>::infinity();
+  std::vector<std::uint32_t> exact_;      // the exact set: tokens with dist_ > cap_
   std::vector<std::uint8_t> codes4_;      // [blocks][groups][octets][64]
   std::vector<std::uint8_t> codes8_;      // [tokens (block-padded)][padded_dim]
+  std::vector<std::uint8_t> rho_;         // [tokens (block-padded)] residual norm bytes
   std::vector<float> scales_;             // [blocks][lo, st4, st8][padded_dim]
   std::vector<float> dist_;               // [tokens (block-padded)] ||v_t - g|| rounded up
-  std::vector<float> block_prefix_max_;   // [blocks] max of dist_ over blocks 0..b
+  std::vector<float> block_prefix_max_;   // [blocks] max of dist_ <= cap_ over blocks 0..b
   std::vector<float> center_;             // [head_dim] g
 };
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -32,10 +33,14 @@ struct reference_result {
   certificate cert;
   std::vector<level_trace> trace;   // levels 0..stopping level (all of them when exact)
   double max_score = 0.0;           // c
-  // For pool key i (i < n - window): the earliest level at which it is sampled
+  // For token i < n - window: the earliest level at which it is sampled
   // (S_j = { i : sample_level[i] <= j }) and at which it is heavy; max_levels + 1 = never.
+  // Tokens of the exact set (value outliers, see value_bounds.hpp) are read exactly and
+  // have level -1 in both.
   std::vector<int> sample_level;
   std::vector<int> heavy_level;
+  std::size_t exact_set = 0;        // pool tokens moved to the exact set
+  float value_cap = 0.0f;           // the cap that defined it
 };
 
 /// Extra inputs that let the reference reproduce an index's value bound exactly.
@@ -43,6 +48,9 @@ struct reference_extras {
   // The centre g of the value-radius bound; empty means the mean of all value rows.
   // Pass key_index::value_center() to compare with the fast path.
   std::span<const float> value_center;
+  // The cap of the exact set; NaN means value_cap_from() over all tokens' distances.
+  // Pass key_index::value_cap() to compare with the fast path.
+  float value_cap = std::numeric_limits<float>::quiet_NaN();
 };
 
 /// The certified estimate for query q over all rows of keys/values (token order: oldest
@@ -71,10 +79,32 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     return a;
   };
 
-  // Window: exact sums.
+  // Value bounds: centre g, the distances ||v_t - g||, the cap and the exact set.
+  std::vector<float> center_store;
+  std::span<const float> center = extras.value_center;
+  if (center.empty()) {
+    center_store = value_mean(values, n);
+    center = center_store;
+  }
+  if (center.size() != d)
+    throw error("extras.value_center has " + std::to_string(center.size()) +
+                " elements but head_dim is " + std::to_string(d));
+  std::vector<float> dist(n);
+  for (std::size_t t = 0; t < n; ++t) dist[t] = value_distance_bound(values.row(t), center, d);
+  res.value_cap = std::isnan(extras.value_cap) ? value_cap_from(dist) : extras.value_cap;
+  auto in_exact_set = [&](std::size_t t) { return t >= pool_end || dist[t] > res.value_cap; };
+  // R(c0) = base + ||g - c0||, base = max over the pool (exact set excluded) of ||v_i - g||.
+  double base = 0.0;
+  for (std::size_t t = 0; t < pool_end; ++t)
+    if (!in_exact_set(t)) base = std::max(base, double(dist[t]));
+  const value_radius radius{base, center};
+
+  // Window and exact set: exact sums.
   double window_weight = 0.0, window_sq = 0.0;
   std::vector<double> window_num(d, 0.0);
-  for (std::size_t t = pool_end; t < n; ++t) {
+  for (std::size_t t = 0; t < n; ++t) {
+    if (!in_exact_set(t)) continue;
+    if (t < pool_end) ++res.exact_set;
     const double w = std::exp(s[t] - c);
     window_weight += w;
     window_sq += w * value_sq(t);
@@ -86,27 +116,16 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   res.sample_level.resize(pool_end);
   res.heavy_level.resize(pool_end);
   for (std::size_t t = 0; t < pool_end; ++t) {
+    if (in_exact_set(t)) {
+      res.heavy_level[t] = res.sample_level[t] = -1;
+      continue;
+    }
     res.heavy_level[t] = earliest_level(s[t] - c, r, J);
     res.sample_level[t] = earliest_level((s[t] - c) + pert.exp1(t), r, J);
   }
 
-  // Value radius: R(c0) = base + ||g - c0||, base = max over the pool of ||v_i - g||.
-  std::vector<float> center_store;
-  std::span<const float> center = extras.value_center;
-  if (center.empty()) {
-    center_store = value_mean(values, n);
-    center = center_store;
-  }
-  if (center.size() != d)
-    throw error("extras.value_center has " + std::to_string(center.size()) +
-                " elements but head_dim is " + std::to_string(d));
-  double base = 0.0;
-  for (std::size_t t = 0; t < pool_end; ++t)
-    base = std::max(base, double(value_distance_bound(values.row(t), center, d)));
-  const value_radius radius{base, center};
-
   std::vector<double> exact_num(d), light_sum(d), o_hat(d), c0(d);
-  for (int j = 0; j <= J && pool_end > 0; ++j) {
+  for (int j = 0; j <= J && pool_end > res.exact_set; ++j) {
     const double tau = tau_of(j, r);
     level_sums sums;
     sums.tau = tau;
@@ -116,6 +135,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     std::fill(light_sum.begin(), light_sum.end(), 0.0);
     std::size_t heavy = 0;
     for (std::size_t t = 0; t < pool_end; ++t) {
+      if (res.heavy_level[t] < 0) continue;  // exact set: already in the window sums
       if (res.heavy_level[t] <= j) {  // heavy: exact weight
         const double w = std::exp(s[t] - c);
         ++heavy;
@@ -145,7 +165,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       cert.sampled = sums.light_count;
       // The reference reads every key; it reports what an exact candidate generator
       // would read: the window and the sample.
-      cert.keys_read = opt.window + heavy + sums.light_count;
+      cert.keys_read = opt.window + res.exact_set + heavy + sums.light_count;
       cert.values_read = cert.keys_read;
       cert.bytes_read = (cert.keys_read + cert.values_read) * d * sizeof(T);
       return res;
@@ -155,7 +175,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   // No level certified (or the pool is empty): exact attention, error 0.
   const exact_result ex = exact_attention(q, keys, values, opt.effective_softmax_scale(d));
   res.output = ex.output;
-  res.cert.certified = pool_end == 0;  // an empty pool is exact, hence trivially certified
+  res.cert.certified = pool_end == res.exact_set;  // an empty pool: exact, trivially certified
   res.cert.exact = true;
   res.cert.level = -1;
   res.cert.keys_read = n;

@@ -49,26 +49,27 @@ inline void finish_block_max(const scan_request& r, std::size_t b) noexcept {
 
 // One driver per instruction set, so that the shared preparation is inlined and
 // vectorised in each kernel's own target context (it gives the same bits everywhere).
-#define CERTATTN_SCAN_DRIVER(NAME, ATTR, KERNEL)                                            \
+#define CERTATTN_SCAN_DRIVER(NAME, ATTR, PREP, KERNEL)                                      \
   ATTR inline void NAME(const scan_request& r) noexcept {                                   \
     const key_index& idx = *r.index;                                                        \
     const std::size_t dp = idx.padded_dim();                                                \
     const std::size_t nb = (r.pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens; \
     for (std::size_t b = 0; b < nb; ++b) {                                                  \
       for (std::size_t g = 0; g < r.nq; ++g)                                                \
-        r.prep[g] = prepare_block_query(idx.block_lo(b), idx.block_step4(b),                \
-                                        r.queries + g * dp, dp, r.softmax_scale,            \
-                                        r.qa + g * dp);                                     \
-      KERNEL(idx.block_codes4(b), dp, r.qa, r.prep, r.nq, r.u + b * key_index::kBlockTokens, \
+        r.prep[g] = PREP(idx.block_lo(b), idx.block_step4(b), r.queries + g * dp, dp,        \
+                         r.softmax_scale, r.qa + g * dp);                                   \
+      KERNEL(idx.block_codes4(b), idx.block_rho(b), dp, r.qa, r.prep, r.nq,                 \
+             r.u + b * key_index::kBlockTokens,                                             \
              r.u_stride);                                                                   \
       finish_block_max(r, b);                                                               \
     }                                                                                       \
   }
 
-CERTATTN_SCAN_DRIVER(scan_scalar, , scalar::scan_block)
+CERTATTN_SCAN_DRIVER(scan_scalar, , prepare_block_query, scalar::scan_block)
 #if CERTATTN_X86
-CERTATTN_SCAN_DRIVER(scan_avx2, CERTATTN_TARGET_AVX2, avx2::scan_block)
-CERTATTN_SCAN_DRIVER(scan_avx512, CERTATTN_TARGET_AVX512, avx512::scan_block)
+CERTATTN_SCAN_DRIVER(scan_avx2, CERTATTN_TARGET_AVX2, prepare_block_query, avx2::scan_block)
+CERTATTN_SCAN_DRIVER(scan_avx512, CERTATTN_TARGET_AVX512, avx512::prepare_block_query_avx512,
+                     avx512::scan_block)
 #endif
 #undef CERTATTN_SCAN_DRIVER
 

@@ -1,13 +1,23 @@
 // Bounds on the value vectors that the certificate needs without reading every value:
 // R(c0) >= max_{i in pool} ||v_i - c0|| (ALGORITHM.md, step 3). The key index keeps a
-// fixed centre g and, per token, ||v_i - g|| rounded up to float; the pool is always a
-// prefix of the cache, so the pool's maximum is a running maximum. The reference
-// estimator computes the same numbers with the same functions, so both certify alike.
+// centre g and, per token, ||v_i - g|| rounded up to float.
+//
+// Value outliers. One value of very large norm anywhere in the pool would set R for every
+// query (synthetic caches and real ones have values 30-60x the median norm), and the
+// range terms tau R of the Bernstein bounds would force tiny thresholds. So tokens whose
+// distance exceeds a cap (value_cap_factor times the 99th percentile of the distances)
+// join the window: they form the *exact set*, read exactly at every call, and the pool
+// excludes them, so R <= cap + ||g - c0||. The exact set is a function of the cache only
+// (never of the perturbations), so every guarantee of ALGORITHM.md holds unchanged with
+// "window" read as "window + exact set". The reference estimator computes the same
+// numbers with the same functions, so both certify alike.
 #pragma once
 
 #include <certattn/common.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <span>
 #include <vector>
@@ -48,6 +58,18 @@ inline std::vector<float> value_mean(matrix_view<T> values, std::size_t count) {
   }
   for (std::size_t i = 0; i < values.cols; ++i) center[i] = float(acc[i] / double(count));
   return center;
+}
+
+/// The cap on ||v - g|| above which a token joins the exact set: value_cap_factor times the
+/// 99th percentile of the given distances; +inf (no exact set) for fewer than
+/// kMinTokensForCap distances, where the percentile means little.
+inline constexpr double kValueCapFactor = 1.5;
+inline constexpr std::size_t kMinTokensForCap = 256;
+inline float value_cap_from(std::vector<float> dists) {
+  if (dists.size() < kMinTokensForCap) return std::numeric_limits<float>::infinity();
+  const std::size_t k = dists.size() * 99 / 100;
+  std::nth_element(dists.begin(), dists.begin() + std::ptrdiff_t(k), dists.end());
+  return round_up_to_float(kValueCapFactor * double(dists[k]));
 }
 
 }  // namespace certattn

@@ -15,7 +15,8 @@ CERTATTN_ARCH_BEGIN
 namespace certattn::detail::avx2 {
 
 template <int NQ>
-CERTATTN_TARGET_AVX2 inline void scan_group(const std::uint8_t* codes, std::size_t n_oct,
+CERTATTN_TARGET_AVX2 inline void scan_group(const std::uint8_t* codes, const std::uint8_t* rho,
+                                            std::size_t n_oct,
                                             const std::int8_t* qa, std::size_t padded_dim,
                                             const block_query_prep* prep, float* u,
                                             std::size_t u_stride) noexcept {
@@ -40,16 +41,23 @@ CERTATTN_TARGET_AVX2 inline void scan_group(const std::uint8_t* codes, std::size
       }
     }
   }
-  for (int g = 0; g < NQ; ++g)
-    for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2; ++h) {
+    std::int64_t rb8;
+    std::memcpy(&rb8, rho + h * 8, 8);
+    const __m256 rb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(rb8)));
+    for (int g = 0; g < NQ; ++g) {
       const __m256 r =
           _mm256_fmadd_ps(_mm256_set1_ps(prep[g].alpha), _mm256_cvtepi32_ps(acc[g][h]),
                           _mm256_set1_ps(prep[g].offset));
-      _mm256_storeu_ps(u + g * u_stride + h * 8, r);
+      const __m256 t = _mm256_min_ps(_mm256_set1_ps(prep[g].holder),
+                                     _mm256_mul_ps(_mm256_set1_ps(prep[g].norm), rb));
+      _mm256_storeu_ps(u + g * u_stride + h * 8, _mm256_add_ps(r, t));
     }
+  }
 }
 
-CERTATTN_TARGET_AVX2 inline void scan_block(const std::uint8_t* codes, std::size_t padded_dim,
+CERTATTN_TARGET_AVX2 inline void scan_block(const std::uint8_t* codes, const std::uint8_t* rho,
+                                            std::size_t padded_dim,
                                             const std::int8_t* qa, const block_query_prep* prep,
                                             std::size_t nq, float* u,
                                             std::size_t u_stride) noexcept {
@@ -59,10 +67,10 @@ CERTATTN_TARGET_AVX2 inline void scan_block(const std::uint8_t* codes, std::size
     float* ug = u + grp * 16;
     std::size_t g = 0;
     for (; g + 2 <= nq; g += 2)
-      scan_group<2>(c, n_oct, qa + g * padded_dim, padded_dim, prep + g, ug + g * u_stride,
+      scan_group<2>(c, rho + grp * 16, n_oct, qa + g * padded_dim, padded_dim, prep + g, ug + g * u_stride,
                     u_stride);
     if (g < nq)
-      scan_group<1>(c, n_oct, qa + g * padded_dim, padded_dim, prep + g, ug + g * u_stride,
+      scan_group<1>(c, rho + grp * 16, n_oct, qa + g * padded_dim, padded_dim, prep + g, ug + g * u_stride,
                     u_stride);
   }
 }

@@ -4,6 +4,7 @@
 
 #include <certattn/arch/scan_prep.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +13,8 @@ namespace certattn::detail::scalar {
 
 /// Bounds for the 128 tokens of one block and nq queries: u[g * u_stride + t].
 /// codes: the block's interleaved 4-bit codes; qa: [nq][padded_dim] int8.
-inline void scan_block(const std::uint8_t* codes, std::size_t padded_dim, const std::int8_t* qa,
+inline void scan_block(const std::uint8_t* codes, const std::uint8_t* rho, std::size_t padded_dim,
+                       const std::int8_t* qa,
                        const block_query_prep* prep, std::size_t nq, float* u,
                        std::size_t u_stride) noexcept {
   const std::size_t n_oct = padded_dim / 8;
@@ -29,9 +31,11 @@ inline void scan_block(const std::uint8_t* codes, std::size_t padded_dim, const 
                          std::int32_t(b >> 4) * qg[8 * o + 4 + j];
           }
       }
-      for (std::size_t lane = 0; lane < 16; ++lane)
-        u[g * u_stride + grp * 16 + lane] =
-            std::fma(prep[g].alpha, float(dot[lane]), prep[g].offset);
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        const float r = std::fma(prep[g].alpha, float(dot[lane]), prep[g].offset);
+        const float t = std::min(prep[g].holder, prep[g].norm * float(rho[grp * 16 + lane]));
+        u[g * u_stride + grp * 16 + lane] = r + t;
+      }
     }
   }
 }

@@ -1,0 +1,26 @@
+# Sourced by .ci/test and .ci/main-job: the Debian bookworm packages the build needs, and
+# an installer that touches the network only when one of them is missing.
+
+# Everything the default configure (tests, bench, examples) needs.
+CERTATTN_BUILD_PACKAGES=(cmake g++ make libeigen3-dev libxsimd-dev libcli11-dev libgtest-dev
+                         libbenchmark-dev)
+
+# ensure_packages PKG...: apt-get install the packages that dpkg does not list as installed.
+ensure_packages() {
+  local missing=() p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q ' ok installed$'; then
+      missing+=("$p")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "missing packages: ${missing[*]}; run as root or install them first" >&2
+    return 1
+  fi
+  echo "installing missing packages: ${missing[*]}"
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
