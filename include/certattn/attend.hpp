@@ -115,6 +115,19 @@ class attend_workspace {
   /// Statistics of the last call.
   const group_stats& last_stats() const noexcept { return stats_; }
 
+  /// For tests: record the sample of each head (tokens that entered the HT sums, with
+  /// the level at which each is heavy). Recording allocates; leave it off in production.
+  void record_samples(bool on) { record_ = on; }
+  struct sampled_key {
+    std::uint32_t token;
+    int heavy_level;
+  };
+  /// The recorded sample of head g in the last call (empty when it fell back to exact).
+  std::span<const sampled_key> samples(std::size_t g) const {
+    return g < recorded_.size() ? std::span<const sampled_key>(recorded_[g])
+                                : std::span<const sampled_key>();
+  }
+
  private:
   friend struct detail_attend;
 
@@ -147,6 +160,9 @@ class attend_workspace {
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, window_num_, o_hat_, c0_;
   group_stats stats_;
+  bool record_ = false;
+  std::size_t head_ = 0;
+  std::vector<std::vector<sampled_key>> recorded_;
 };
 
 /// The stages of the certified call. Internal: use attend_group().
@@ -309,6 +325,7 @@ struct detail_attend {
                       const options& opt, attend_workspace& ws, head_state& st) noexcept {
     const double w = std::exp(s - c);
     ++st.values_read;
+    if (ws.record_) ws.recorded_[ws.head_].push_back({std::uint32_t(t), heavy_level});
     if (heavy_level <= level) {
       ++st.heavy;
       st.exact_weight += w;
@@ -450,6 +467,7 @@ struct detail_attend {
     const perturbation pert(opt.seed, nk);
     group_stats& stats = ws.stats_;
     stats = {};
+    if (ws.record_) ws.recorded_.assign(group, {});
     stats.tokens = n;
     stats.pool = pool_end;
 
@@ -473,6 +491,7 @@ struct detail_attend {
     for (std::size_t g = 0; g < group; ++g) {
       const float* q = queries.data() + g * d;
       const float* qpad = ws.qpad_.data() + g * dp;
+      ws.head_ = g;
       const float* u = ws.u_.data() + g * ws.u_stride_;
       head_state st;
       st.keys_read = W + xs.size();
@@ -552,6 +571,7 @@ struct detail_attend {
       }
       clock.lap(stats.stage_seconds[4]);
       if (!done) {
+        if (ws.record_) ws.recorded_[g].clear();
         exact_head(kv, q, scale, c, o, ws, which);
         cert.exact = true;
         cert.level = -1;

@@ -13,3 +13,4 @@
 #include <certattn/index.hpp>
 #include <certattn/scan.hpp>
 #include <certattn/attend.hpp>
+#include <certattn/parallel.hpp>

@@ -13,7 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <numbers>
 #include <numeric>
 #include <span>
 #include <string>
@@ -27,7 +29,7 @@ namespace certattn::synthetic {
 /// norms); the named structure is the one turned up.
 enum class regime {
   kUniform,          // unstructured keys, weak queries: exp(entropy) close to n
-  kMild,             // every structure present but weak
+  kMild,             // sinks, recency and topics present but weak
   kRecency,          // strong RoPE recency: mass on the newest tokens, power-law tail
   kSinks,            // the first tokens take a large share for most queries
   kClustered,        // topical passages with heavy hitters; queries retrieve passages
@@ -69,8 +71,8 @@ inline regime regime_from_string(std::string_view name) {
     if (!known.empty()) known += ", ";
     known += to_string(r);
   }
-  throw error("certattn::synthetic::regime_from_string: unknown regime \"" +
-              std::string(name) + "\" (expected one of: " + known + ")");
+  throw error("certattn::synthetic::regime_from_string: unknown regime \"" + std::string(name) +
+              "\" (expected one of: " + known + ")");
 }
 
 struct cache_config {
@@ -88,18 +90,18 @@ struct passage {
   std::size_t topic = 0;
 };
 
-/// The hidden structure of one KV head, kept so that make_queries can aim at it. All
-/// directions are pre-RoPE unit vectors of head_dim doubles; a key at position t holds
-/// RoPE_t(pre-RoPE key).
+/// The hidden structure of one KV head, kept so that make_queries can aim at it. The
+/// directions are unit vectors of head_dim doubles, pre-RoPE unless noted; a key at
+/// position t holds RoPE_t(its pre-RoPE vector).
 struct head_structure {
-  std::vector<double> key_mean;       // [head_dim], not unit: the mean of the keys
-  std::vector<double> noise_scale;    // [head_dim] per-channel std of the key noise
-  std::vector<double> topic_dirs;     // [n_topics][head_dim]
-  std::vector<double> sink_dirs;      // [n_sinks][head_dim]
-  std::vector<double> needle_dirs;    // [n_needles][head_dim]
+  std::vector<double> key_mean;            // [head_dim], not unit: the mean of the keys
+  std::vector<double> noise_scale;         // [head_dim] per-channel std of the key noise
+  std::vector<double> topic_dirs;          // [n_topics][head_dim]
+  std::vector<double> sink_dir;            // [head_dim] shared by the sinks *after* RoPE
+  std::vector<double> needle_dirs;         // [n_needles][head_dim]
   std::vector<std::size_t> outlier_pairs;  // rotary pair indices i (channels i, i + d/2)
-  std::vector<double> outlier_means;  // [outlier_pairs][2] unit mean of each outlier pair
-  std::vector<double> value_offset;   // [head_dim] common mean of the values
+  std::vector<double> outlier_means;       // [outlier_pairs][2] unit mean of each outlier pair
+  std::vector<double> value_offset;        // [head_dim] common mean of the values
 };
 
 /// A synthetic fp16 KV cache, head-major (HND):
@@ -117,14 +119,14 @@ struct kv_cache {
   }
 
   // Hidden structure, shared by all heads (it belongs to the imagined text) ...
-  std::vector<double> inv_freq;             // [head_dim / 2] rotary frequencies, base 10000
-  std::size_t n_sinks = 0;                  // tokens 0 .. n_sinks-1 are attention sinks
-  std::vector<passage> passages;            // cover [n_sinks, n_tokens) in order
-  std::vector<std::size_t> needle_tokens;   // positions of the needles
-  std::vector<std::uint8_t> heavy_hitter;   // [n_tokens] 1 where a token is salient
-  std::vector<std::uint8_t> large_value;    // [n_tokens] 1 where the value norm is huge
+  std::vector<double> inv_freq;            // [head_dim / 2] rotary frequencies, base 10000
+  std::size_t n_sinks = 0;                 // tokens 0 .. n_sinks-1 are attention sinks
+  std::vector<passage> passages;           // cover [n_sinks, n_tokens) in order
+  std::vector<std::size_t> needle_tokens;  // positions of the needles
+  std::vector<std::uint8_t> heavy_hitter;  // [n_tokens] 1 where a token is salient
+  std::vector<std::uint8_t> large_value;   // [n_tokens] 1 where the value norm is huge
   // ... and per KV head (its own projections).
-  std::vector<head_structure> heads;        // [kv_heads]
+  std::vector<head_structure> heads;  // [kv_heads]
 };
 
 namespace detail {
@@ -133,104 +135,107 @@ inline constexpr double kRopeBase = 10000.0;
 inline constexpr std::size_t kSinks = 4;
 inline constexpr std::size_t kNeedles = 8;
 inline constexpr std::size_t kTopics = 16;
+inline constexpr double kOutlierSpread = 0.35;  // per-token std of an outlier pair / its mean
+inline constexpr double kLargeValueShare = 0.002;
+inline constexpr double kLargeValueGain = 12.0;  // norm of a "large" value vs a typical one
+
+/// Sink j's key is weaker than sink 0's: in real models the first token is the main sink.
+inline double sink_decay(std::size_t j) { return 1.0 / (1.0 + 0.4 * static_cast<double>(j)); }
 
 /// Knobs of one regime. Key-side amplitudes are in units of the typical key channel std
 /// (1); query-side strengths are in score units (scale * q.k with scale 1/sqrt(d)), so
 /// the table reads directly as "how many nats above the bulk".
 struct regime_params {
   // keys
-  double key_mean = 0.8;       // |key mean| / sqrt(d)
-  double topic_amp = 0.0;      // topic component of an ordinary passage token / sqrt(d)
-  double heavy_fraction = 0.0; // share of passage tokens that are heavy hitters
-  double heavy_gain = 1.0;     // their topic component relative to an ordinary token
-  double sink_amp = 0.0;       // sink key component / sqrt(d); 0: no sinks
-  double needle_amp = 0.0;     // needle key component / sqrt(d); 0: no needles
+  double key_mean = 0.8;          // |key mean| / sqrt(d)
+  double topic_amp = 0.0;         // topic component of an ordinary passage token / sqrt(d)
+  double heavy_fraction = 0.0;    // share of non-sink tokens that are heavy hitters
+  double heavy_gain = 1.0;        // their topic component relative to an ordinary token
+  double sink_amp = 0.0;          // sink key component / sqrt(d); 0: no sinks
+  double needle_amp = 0.0;        // needle key component / sqrt(d); 0: no needles
   std::size_t outlier_pairs = 0;  // rotary pairs with outlier magnitude
-  double outlier_amp = 0.0;    // their magnitude relative to a typical channel
+  double outlier_amp = 0.0;       // their magnitude relative to a typical channel
   // queries
-  double noise = 0.2;          // score std drawn from the unstructured key noise
-  double recency = 0.0;        // RoPE recency kernel height at distance 0
-  double sink = 0.0;           // score of sink 0 (later sinks get less)
-  double sink_prob = 0.0;      // share of queries that use the sinks
-  double topic = 0.0;          // score of an ordinary token of a targeted passage
+  double noise = 0.2;      // score std drawn from the unstructured key noise
+  double recency = 0.0;    // RoPE recency kernel height at distance 0
+  double sink = 0.0;       // score of sink 0 (sink j gets sink / (1 + 0.4 j))
+  double sink_prob = 0.0;  // share of queries that use the sinks
+  double topic = 0.0;      // score of an ordinary token of a targeted passage
   std::size_t passages_per_query = 1;
-  double needle = 0.0;         // score of the targeted needle
-  double needle_prob = 0.0;    // share of queries that look for a needle
-  double outlier = 0.0;        // score std drawn from the outlier channels
-  double spread = 0.1;         // log-std of per-query strength multipliers
+  double needle = 0.0;       // score of the targeted needle
+  double needle_prob = 0.0;  // share of queries that look for a needle
+  double outlier = 0.0;      // score std drawn from the outlier channels
+  double spread = 0.5;       // std (nats) of each strength from one step to the next
 };
 
 inline regime_params params_for(regime r) {
   regime_params p;
-  // Structure present on the key side in every regime but kUniform: the queries of a
-  // regime decide how much of it they use.
-  auto structured_keys = [&p] {
-    p.topic_amp = 0.7;
+  // Key-side structure. Content is kept weak in positional regimes: a query with a large
+  // component of its own (recency, sinks) meets big content keys at random angles, and
+  // in d = 128 those chance alignments (std ~ |q| |k| / d) turn a few keys into magnets.
+  auto keys = [&p](double topic_amp, double heavy_gain, double sink_amp, double needle_amp) {
+    p.topic_amp = topic_amp;
     p.heavy_fraction = 0.04;
-    p.heavy_gain = 2.0;
-    p.sink_amp = 1.5;
-    p.needle_amp = 1.0;
+    p.heavy_gain = heavy_gain;
+    p.sink_amp = sink_amp;
+    p.needle_amp = needle_amp;
   };
   switch (r) {
-    case regime::kUniform:
-      p.noise = 0.2;
-      break;
+    case regime::kUniform: p.noise = 0.2; break;
     case regime::kMild:
-      structured_keys();
+      keys(0.5, 1.5, 1.5, 0.0);
       p.noise = 0.6, p.recency = 2.0, p.sink = 2.5, p.sink_prob = 0.5, p.topic = 1.5;
-      p.spread = 0.2;
+      p.spread = 0.5;
       break;
     case regime::kRecency:
-      structured_keys();
+      keys(0.3, 1.5, 1.5, 0.0);
       p.noise = 0.6, p.recency = 11.0, p.sink = 1.5, p.sink_prob = 0.5, p.topic = 1.0;
-      p.spread = 0.15;
+      p.spread = 1.0;
       break;
     case regime::kSinks:
-      structured_keys();
-      p.noise = 0.7, p.recency = 3.0, p.sink = 10.0, p.sink_prob = 0.9, p.topic = 1.5;
-      p.spread = 0.15;
+      keys(0.5, 1.5, 1.5, 0.0);
+      p.noise = 0.7, p.recency = 3.0, p.sink = 11.0, p.sink_prob = 0.9, p.topic = 1.5;
+      p.spread = 1.0;
       break;
     case regime::kClustered:
-      structured_keys();
-      p.heavy_gain = 2.5;
-      p.noise = 0.7, p.recency = 3.0, p.sink = 3.0, p.sink_prob = 0.6, p.topic = 4.5;
+      keys(0.8, 1.8, 1.5, 0.0);
+      p.noise = 0.7, p.recency = 3.0, p.sink = 3.0, p.sink_prob = 0.6, p.topic = 3.5;
       p.passages_per_query = 2;
-      p.spread = 0.15;
+      p.spread = 1.0;
       break;
     case regime::kNeedle:
-      structured_keys();
-      p.noise = 0.7, p.recency = 3.0, p.sink = 3.0, p.sink_prob = 0.6, p.topic = 2.0;
+      keys(0.5, 1.5, 1.5, 1.5);
+      p.noise = 0.7, p.recency = 3.0, p.sink = 3.0, p.sink_prob = 0.6, p.topic = 1.5;
       p.needle = 11.0, p.needle_prob = 0.95;
-      p.spread = 0.15;
+      p.spread = 1.0;
       break;
     case regime::kOutlierChannels:
-      structured_keys();
+      keys(0.5, 1.5, 1.5, 0.0);
       p.outlier_pairs = 2, p.outlier_amp = 30.0;
       p.noise = 0.7, p.recency = 3.0, p.sink = 3.0, p.sink_prob = 0.6, p.topic = 3.0;
-      p.outlier = 1.5;
-      p.spread = 0.15;
+      p.outlier = 1.0;
+      p.spread = 1.0;
       break;
     case regime::kPeaked:
-      structured_keys();
+      keys(0.8, 1.3, 1.5, 1.5);
       p.outlier_pairs = 1, p.outlier_amp = 15.0;
       p.noise = 0.9, p.recency = 5.0, p.sink = 7.0, p.sink_prob = 0.8, p.topic = 7.0;
       p.needle = 12.0, p.needle_prob = 0.5, p.outlier = 0.5;
-      p.spread = 0.15;
+      p.spread = 1.0;
       break;
     case regime::kExtreme:
-      structured_keys();
-      p.heavy_gain = 2.5;
+      keys(0.8, 2.0, 1.5, 1.5);
       p.outlier_pairs = 1, p.outlier_amp = 15.0;
-      p.noise = 1.0, p.recency = 6.0, p.sink = 22.0, p.sink_prob = 0.9, p.topic = 10.0;
+      p.noise = 1.0, p.recency = 6.0, p.sink = 24.0, p.sink_prob = 0.9, p.topic = 9.0;
       p.needle = 28.0, p.needle_prob = 0.9, p.outlier = 0.5;
-      p.spread = 0.1;
+      p.spread = 1.0;
       break;
     case regime::kMixed:
-      structured_keys();
+      keys(0.7, 2.0, 1.5, 1.5);
       p.outlier_pairs = 2, p.outlier_amp = 12.0;
-      p.noise = 0.8, p.recency = 5.0, p.sink = 6.0, p.sink_prob = 0.7, p.topic = 5.0;
-      p.needle = 10.0, p.needle_prob = 0.3, p.outlier = 0.8;
-      p.spread = 0.5;
+      p.noise = 0.8, p.recency = 5.0, p.sink = 5.0, p.sink_prob = 0.7, p.topic = 4.0;
+      p.needle = 9.0, p.needle_prob = 0.2, p.outlier = 0.8;
+      p.spread = 2.5;
       break;
   }
   return p;
@@ -258,7 +263,13 @@ inline constexpr std::uint64_t stream_id(std::uint64_t seed, std::uint64_t purpo
 }
 
 enum purpose : std::uint64_t {
-  kStructure = 1, kHeadStructure, kKeyNoise, kValueNoise, kTokenScalars, kQuery, kQueryMember
+  kStructure = 1,
+  kHeadStructure,
+  kKeyNoise,
+  kValueNoise,
+  kTokenScalars,
+  kQuery,
+  kQueryMember
 };
 
 /// Standard normal quantile Phi^{-1}(q) for q in (0, 0.5]: a rough rational start
@@ -323,7 +334,9 @@ class rng {
     return mix64(state_);
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }  // [0, 1)
-  std::size_t below(std::size_t n) { return static_cast<std::size_t>(uniform() * n); }
+  std::size_t below(std::size_t n) {
+    return static_cast<std::size_t>(uniform() * static_cast<double>(n));
+  }
   double normal() { return normal_table::get()(static_cast<std::uint32_t>(next() >> 32)); }
   /// Two normals from one 64-bit draw (the bulk noise: half the hashing).
   void normal2(const normal_table& t, double& a, double& b) {
@@ -340,8 +353,8 @@ class rng {
 // Half-split layout as in HF Llama / vLLM's neox style: pair i is channels (i, i + d/2),
 // rotated by angle inv_freq[i] * position. Pairs with large i turn slowly.
 
-inline void rope(std::span<const double> inv_freq, std::span<const double> src,
-                 double position, std::span<double> dst) {
+inline void rope(std::span<const double> inv_freq, std::span<const double> src, double position,
+                 std::span<double> dst) {
   const std::size_t half_dim = inv_freq.size();
   for (std::size_t i = 0; i < half_dim; ++i) {
     const double a = inv_freq[i] * position;
@@ -421,20 +434,20 @@ inline bool is_outlier_pair(const head_structure& hs, std::size_t pair) {
 inline head_structure make_head_structure(const cache_config& cfg, const regime_params& p,
                                           std::size_t n_sinks, std::size_t head) {
   const std::size_t d = cfg.head_dim, half_dim = d / 2;
-  const std::size_t low_freq = half_dim / 4;  // topics use pairs with angle/token < 0.01
+  const std::size_t low_freq = half_dim / 2;  // topics use pairs turning < 0.01 rad/token
   rng r(stream_id(cfg.seed, kHeadStructure, head));
   head_structure hs;
 
-  // Outlier pairs among the slow half (massive values in real models sit in
+  // Outlier pairs among the slowest quarter (massive values in real models sit in
   // low-frequency dims, so an outlier channel keeps its sign over long stretches).
-  std::vector<std::size_t> slow(half_dim - half_dim / 2);
-  std::iota(slow.begin(), slow.end(), half_dim / 2);
+  std::vector<std::size_t> slow(half_dim - 3 * half_dim / 4);
+  std::iota(slow.begin(), slow.end(), 3 * half_dim / 4);
   const std::size_t n_out = std::min(p.outlier_pairs, slow.size());
   for (std::size_t k = 0; k < n_out; ++k) {
     const std::size_t j = k + r.below(slow.size() - k);
     std::swap(slow[k], slow[j]);
     hs.outlier_pairs.push_back(slow[k]);
-    const double angle = 2.0 * 3.141592653589793 * r.uniform();
+    const double angle = 2.0 * std::numbers::pi * r.uniform();
     hs.outlier_means.push_back(std::cos(angle));
     hs.outlier_means.push_back(std::sin(angle));
   }
@@ -458,7 +471,7 @@ inline head_structure make_head_structure(const cache_config& cfg, const regime_
   for (std::size_t i = 0; i < half_dim; ++i) {
     if (is_outlier_pair(hs, i)) continue;
     const double a = std::exp(0.3 * r.normal());
-    const double phase = 2.0 * 3.141592653589793 * r.uniform();
+    const double phase = 2.0 * std::numbers::pi * r.uniform();
     hs.key_mean[i] = a * std::cos(phase);
     hs.key_mean[i + half_dim] = a * std::sin(phase);
     norm2 += a * a;
@@ -472,23 +485,33 @@ inline head_structure make_head_structure(const cache_config& cfg, const regime_
   for (std::size_t k = 0; k < kTopics; ++k) {
     random_direction(r, d, low_freq, std::span(hs.topic_dirs).subspan(k * d, d));
   }
-  hs.sink_dirs.resize(n_sinks * d);
-  for (std::size_t k = 0; k < n_sinks; ++k) {
-    random_direction(r, d, 0, std::span(hs.sink_dirs).subspan(k * d, d));
-  }
+  hs.sink_dir.resize(n_sinks > 0 ? d : 0);
+  if (n_sinks > 0) random_direction(r, d, 0, hs.sink_dir);
   hs.needle_dirs.resize(kNeedles * d);
   for (std::size_t k = 0; k < kNeedles; ++k) {
     random_direction(r, d, 0, std::span(hs.needle_dirs).subspan(k * d, d));
   }
-  // Content directions never use outlier pairs: those carry their own signal.
-  auto clear_outliers = [&](std::vector<double>& dirs) {
+  // Content directions never use outlier pairs (those carry their own signal) and are
+  // orthogonal to the key mean, so how well a query finds its target does not depend
+  // on a chance overlap between the target and the mean.
+  auto clean = [&](std::vector<double>& dirs) {
     for (std::size_t base = 0; base < dirs.size(); base += d) {
-      for (std::size_t i : hs.outlier_pairs) dirs[base + i] = dirs[base + i + half_dim] = 0.0;
+      const std::span<double> v(dirs.data() + base, d);
+      for (std::size_t i : hs.outlier_pairs) v[i] = v[i + half_dim] = 0.0;
+      const double mm =
+          std::inner_product(hs.key_mean.begin(), hs.key_mean.end(), hs.key_mean.begin(), 0.0);
+      const double vm = std::inner_product(v.begin(), v.end(), hs.key_mean.begin(), 0.0);
+      if (mm > 0.0) {
+        for (std::size_t ch = 0; ch < d; ++ch) v[ch] -= vm / mm * hs.key_mean[ch];
+      }
+      const double vv = std::inner_product(v.begin(), v.end(), v.begin(), 0.0);
+      const double inv = vv > 0.0 ? 1.0 / std::sqrt(vv) : 0.0;
+      for (double& x : v) x *= inv;
     }
   };
-  clear_outliers(hs.topic_dirs);
-  clear_outliers(hs.sink_dirs);
-  clear_outliers(hs.needle_dirs);
+  clean(hs.topic_dirs);
+  clean(hs.sink_dir);
+  clean(hs.needle_dirs);
 
   hs.value_offset.resize(d);
   for (double& v : hs.value_offset) v = 0.7 * r.normal();
@@ -510,8 +533,8 @@ inline void make_text_structure(kv_cache& c, const regime_params& p) {
     const double len = std::clamp(128.0 * std::exp(0.6 * r.normal()), 16.0, 1024.0);
     const std::size_t end = std::min(n, t + static_cast<std::size_t>(len));
     const double u = r.uniform() * total;
-    const auto topic = static_cast<std::size_t>(
-        std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+    const auto topic =
+        static_cast<std::size_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
     c.passages.push_back({t, end, std::min(topic, kTopics - 1)});
     t = end;
   }
@@ -520,11 +543,18 @@ inline void make_text_structure(kv_cache& c, const regime_params& p) {
   c.large_value.assign(n, 0);
   for (std::size_t t = c.n_sinks; t < n; ++t) {
     c.heavy_hitter[t] = p.topic_amp > 0.0 && r.uniform() < p.heavy_fraction ? 1 : 0;
-    c.large_value[t] = r.uniform() < 0.002 ? 1 : 0;
+    c.large_value[t] = r.uniform() < kLargeValueShare ? 1 : 0;
   }
+  // Needles at distinct positions (while there is room), never heavy hitters.
   if (p.needle_amp > 0.0 && n > c.n_sinks) {
-    for (std::size_t k = 0; k < kNeedles; ++k) {
-      c.needle_tokens.push_back(c.n_sinks + r.below(n - c.n_sinks));
+    const std::size_t count = std::min(kNeedles, n - c.n_sinks);
+    while (c.needle_tokens.size() < count) {
+      const std::size_t t = c.n_sinks + r.below(n - c.n_sinks);
+      if (std::find(c.needle_tokens.begin(), c.needle_tokens.end(), t) != c.needle_tokens.end()) {
+        continue;
+      }
+      c.needle_tokens.push_back(t);
+      c.heavy_hitter[t] = 0;
     }
   }
 }
@@ -532,8 +562,7 @@ inline void make_text_structure(kv_cache& c, const regime_params& p) {
 /// Pre-RoPE key and value of one token of one head. `pre` and `val` hold head_dim doubles.
 inline void make_token(const kv_cache& c, const regime_params& p, const head_structure& hs,
                        const normal_table& normal, std::size_t head, std::size_t t,
-                       std::size_t passage_index, std::span<double> pre,
-                       std::span<double> val) {
+                       std::size_t passage_index, std::span<double> pre, std::span<double> val) {
   const std::size_t d = c.config.head_dim, half_dim = d / 2;
   const double sqrt_d = std::sqrt(static_cast<double>(d));
   const bool sink = t < c.n_sinks;
@@ -551,32 +580,36 @@ inline void make_token(const kv_cache& c, const regime_params& p, const head_str
     const std::size_t i = hs.outlier_pairs[k];
     double a, b;
     kr.normal2(normal, a, b);
-    pre[i] = p.outlier_amp * (hs.outlier_means[2 * k] + 0.35 * a);
-    pre[i + half_dim] = p.outlier_amp * (hs.outlier_means[2 * k + 1] + 0.35 * b);
+    pre[i] = p.outlier_amp * (hs.outlier_means[2 * k] + kOutlierSpread * a);
+    pre[i + half_dim] = p.outlier_amp * (hs.outlier_means[2 * k + 1] + kOutlierSpread * b);
   }
 
   rng sr(stream_id(c.config.seed, kTokenScalars, head, t));
+  const auto needle = std::find(c.needle_tokens.begin(), c.needle_tokens.end(), t);
   if (sink) {
-    const double* dir = hs.sink_dirs.data() + t * d;
-    for (std::size_t ch = 0; ch < d; ++ch) pre[ch] += p.sink_amp * sqrt_d * dir[ch];
+    // Every sink key points the same way once rotated (one query direction finds them
+    // all, as in real models), weaker for later sinks.
+    rope(c.inv_freq, hs.sink_dir, -static_cast<double>(t), val);  // val: scratch until below
+    const double amp = p.sink_amp * sqrt_d * sink_decay(t);
+    for (std::size_t ch = 0; ch < d; ++ch) pre[ch] += amp * val[ch];
+  } else if (needle != c.needle_tokens.end()) {
+    // An inserted fact, unrelated to the passage around it: no topic component.
+    const auto k = static_cast<std::size_t>(needle - c.needle_tokens.begin());
+    const double* dir = hs.needle_dirs.data() + k * d;
+    for (std::size_t ch = 0; ch < d; ++ch) pre[ch] += p.needle_amp * sqrt_d * dir[ch];
   } else if (p.topic_amp > 0.0) {
     const passage& ps = c.passages[passage_index];
     const double gain = (0.5 + sr.uniform()) * (c.heavy_hitter[t] ? p.heavy_gain : 1.0);
     const double* dir = hs.topic_dirs.data() + ps.topic * d;
     for (std::size_t ch = 0; ch < d; ++ch) pre[ch] += p.topic_amp * gain * sqrt_d * dir[ch];
   }
-  for (std::size_t k = 0; k < c.needle_tokens.size(); ++k) {
-    if (c.needle_tokens[k] != t) continue;
-    const double* dir = hs.needle_dirs.data() + k * d;
-    for (std::size_t ch = 0; ch < d; ++ch) pre[ch] += p.needle_amp * sqrt_d * dir[ch];
-  }
 
   // Values: common offset + log-normal norm; a few huge ones; sinks nearly zero
   // (a sink is where attention parks, its value contributes little).
   rng vr(stream_id(c.config.seed, kValueNoise, head, t));
-  double norm_gain = std::exp(0.5 * sr.normal()) * (c.large_value[t] ? 12.0 : 1.0);
+  const double norm_gain =
+      sink ? 0.1 : std::exp(0.5 * sr.normal()) * (c.large_value[t] ? kLargeValueGain : 1.0);
   const double offset_gain = sink ? 0.0 : 1.0;
-  if (sink) norm_gain = 0.1;
   for (std::size_t ch = 0; ch < d; ch += 2) {
     double a, b;
     vr.normal2(normal, a, b);
@@ -589,8 +622,8 @@ inline void make_token(const kv_cache& c, const regime_params& p, const head_str
 /// method, as in Eigen) but branch-free, so the row loop vectorizes: converting one at a
 /// time was a third of the generation time.
 inline std::uint16_t half_bits(float f) {
-  constexpr std::uint32_t kF16Max = (127u + 16u) << 23;       // 65536: overflows to inf
-  constexpr std::uint32_t kSubnormalBelow = 113u << 23;       // 2^-14
+  constexpr std::uint32_t kF16Max = (127u + 16u) << 23;  // 65536: overflows to inf
+  constexpr std::uint32_t kSubnormalBelow = 113u << 23;  // 2^-14
   constexpr std::uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
   std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = u & 0x80000000u;
@@ -599,25 +632,27 @@ inline std::uint16_t half_bits(float f) {
   const std::uint32_t subnormal =
       std::bit_cast<std::uint32_t>(std::bit_cast<float>(u) + std::bit_cast<float>(kDenormMagic)) -
       kDenormMagic;
-  const std::uint32_t special = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  const std::uint32_t bits = u >= kF16Max ? special : (u < kSubnormalBelow ? subnormal : normal);
+  const std::uint32_t special = 0x7c00u | (static_cast<std::uint32_t>(u > 0x7f800000u) << 9);
+  // Masks instead of ?: so the compiler keeps the loop branch-free.
+  const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(u < kSubnormalBelow);
+  const std::uint32_t is_big = 0u - static_cast<std::uint32_t>(u >= kF16Max);
+  const std::uint32_t finite = (subnormal & is_sub) | (normal & ~is_sub);
+  const std::uint32_t bits = (special & is_big) | (finite & ~is_big);
   return static_cast<std::uint16_t>(bits | (sign >> 16));
 }
 
-inline void store_half(std::span<const float> src, half* dst) {
+/// Converts one row to fp16 bits in `scratch`, then copies them to `dst`.
+inline void store_half(std::span<const float> src, std::span<std::uint16_t> scratch, half* dst) {
   static_assert(sizeof(half) == sizeof(std::uint16_t));
-  std::array<std::uint16_t, 64> bits;
-  for (std::size_t base = 0; base < src.size(); base += bits.size()) {
-    const std::size_t m = std::min(bits.size(), src.size() - base);
-    for (std::size_t i = 0; i < m; ++i) bits[i] = half_bits(src[base + i]);
-    std::memcpy(static_cast<void*>(dst + base), bits.data(), m * sizeof(std::uint16_t));
-  }
+  const std::size_t m = src.size();
+  for (std::size_t i = 0; i < m; ++i) scratch[i] = half_bits(src[i]);
+  std::memcpy(static_cast<void*>(dst), scratch.data(), m * sizeof(std::uint16_t));
 }
 
 inline std::size_t passage_of(const kv_cache& c, std::size_t t) {
-  const auto it = std::upper_bound(
-      c.passages.begin(), c.passages.end(), t,
-      [](std::size_t pos, const passage& ps) { return pos < ps.begin; });
+  const auto it =
+      std::upper_bound(c.passages.begin(), c.passages.end(), t,
+                       [](std::size_t pos, const passage& ps) { return pos < ps.begin; });
   return static_cast<std::size_t>(it - c.passages.begin()) - 1;
 }
 
@@ -642,7 +677,8 @@ inline kv_cache make_cache(const cache_config& cfg) {
   c.config = cfg;
   c.inv_freq.resize(half_dim);
   for (std::size_t i = 0; i < half_dim; ++i) {
-    c.inv_freq[i] = std::pow(detail::kRopeBase, -static_cast<double>(2 * i) / static_cast<double>(d));
+    c.inv_freq[i] =
+        std::pow(detail::kRopeBase, -static_cast<double>(2 * i) / static_cast<double>(d));
   }
   detail::make_text_structure(c, p);
   for (std::size_t h = 0; h < cfg.kv_heads; ++h) {
@@ -655,21 +691,24 @@ inline kv_cache make_cache(const cache_config& cfg) {
   detail::rope_table rot(c.inv_freq);
   std::vector<double> pre(d), val(d);
   std::vector<float> row(d);
-  std::size_t pi = 0;  // passage of token t (passages are sorted)
+  std::vector<std::uint16_t> bits(d);
+  std::size_t passage_idx = 0;  // passage of token t (passages are sorted)
   // Token-major loop so each rotation is computed once for all heads.
   for (std::size_t t = 0; t < n; ++t) {
     rot.advance_to(t);
-    while (pi + 1 < c.passages.size() && c.passages[pi + 1].begin <= t) ++pi;
+    while (passage_idx + 1 < c.passages.size() && c.passages[passage_idx + 1].begin <= t) {
+      ++passage_idx;
+    }
     for (std::size_t h = 0; h < cfg.kv_heads; ++h) {
-      detail::make_token(c, p, c.heads[h], normal, h, t, pi, pre, val);
+      detail::make_token(c, p, c.heads[h], normal, h, t, passage_idx, pre, val);
       for (std::size_t i = 0; i < half_dim; ++i) {
         const double x = pre[i], y = pre[i + half_dim];
         row[i] = static_cast<float>(x * rot.cos(i) - y * rot.sin(i));
         row[i + half_dim] = static_cast<float>(x * rot.sin(i) + y * rot.cos(i));
       }
-      detail::store_half(row, c.keys.data() + (h * n + t) * d);
+      detail::store_half(row, bits, c.keys.data() + (h * n + t) * d);
       for (std::size_t ch = 0; ch < d; ++ch) row[ch] = static_cast<float>(val[ch]);
-      detail::store_half(row, c.values.data() + (h * n + t) * d);
+      detail::store_half(row, bits, c.values.data() + (h * n + t) * d);
     }
   }
   return c;
@@ -701,15 +740,21 @@ inline void make_queries(const kv_cache& c, std::size_t kv_head, std::size_t gro
   const double pos = static_cast<double>(n);
 
   // Shared intent.
-  detail::rng r(detail::stream_id(c.config.seed, detail::kQuery, kv_head, step));
-  auto strength = [&](detail::rng& g, double spread) { return std::exp(spread * g.normal()); };
-  const double s_recency = p.recency * strength(r, p.spread);
-  const double s_sink = r.uniform() < p.sink_prob ? p.sink * strength(r, p.spread) : 0.0;
-  const double s_topic = p.topic * strength(r, p.spread);
+  const std::uint64_t intent_id = detail::stream_id(c.config.seed, detail::kQuery, kv_head, step);
+  detail::rng r(intent_id);
+  // Strengths jitter additively in nats: a multiplicative jitter would make the big
+  // ones (a 28-nat needle) swing by many nats and blur the regimes.
+  auto jitter = [](detail::rng& g, double strength, double nats) {
+    return strength > 0.0 ? std::max(0.0, strength + nats * g.normal()) : 0.0;
+  };
+  constexpr double kMemberNats = 0.5;  // how far a group member departs from the intent
+  const double s_recency = jitter(r, p.recency, p.spread);
+  const double s_sink = r.uniform() < p.sink_prob ? jitter(r, p.sink, p.spread) : 0.0;
+  const double s_topic = jitter(r, p.topic, p.spread);
   const bool use_needle = !c.needle_tokens.empty() && r.uniform() < p.needle_prob;
-  const double s_needle = use_needle ? p.needle * strength(r, p.spread) : 0.0;
+  const double s_needle = use_needle ? jitter(r, p.needle, p.spread) : 0.0;
   const std::size_t needle = c.needle_tokens.empty() ? 0 : r.below(c.needle_tokens.size());
-  const double s_outlier = p.outlier * strength(r, p.spread);
+  const double s_outlier = jitter(r, p.outlier, p.spread / 4.0);
   std::vector<std::size_t> targets;  // passages; a uniform token picks each
   for (std::size_t k = 0; k < p.passages_per_query && !c.passages.empty(); ++k) {
     targets.push_back(detail::passage_of(c, c.n_sinks + r.below(n - c.n_sinks)));
@@ -719,8 +764,7 @@ inline void make_queries(const kv_cache& c, std::size_t kv_head, std::size_t gro
 
   std::vector<double> pre(d), rot(d), q(d);
   for (std::size_t g = 0; g < group; ++g) {
-    detail::rng m(detail::stream_id(c.config.seed, detail::kQueryMember, kv_head,
-                                    step * 0x10000ULL + g));
+    detail::rng m(detail::stream_id(intent_id, detail::kQueryMember, g));
     std::fill(q.begin(), q.end(), 0.0);
     auto add_target = [&](std::span<const double> dir, double position, double gain) {
       detail::rope(c.inv_freq, dir, position, rot);
@@ -728,18 +772,21 @@ inline void make_queries(const kv_cache& c, std::size_t kv_head, std::size_t gro
     };
     // Pre-RoPE part, rotated to the query position: recency (aligned with the key mean,
     // so q.k carries sum_i e_i cos(inv_freq_i * distance)), outlier pairs, noise.
-    const double mean_norm = std::sqrt(std::inner_product(
-        hs.key_mean.begin(), hs.key_mean.end(), hs.key_mean.begin(), 0.0));
-    const double rec = mean_norm > 0.0 ? s_recency * strength(m, 0.2) * sqrt_d / (mean_norm * mean_norm) : 0.0;
+    const double mean_norm = std::sqrt(
+        std::inner_product(hs.key_mean.begin(), hs.key_mean.end(), hs.key_mean.begin(), 0.0));
+    const double rec = mean_norm > 0.0
+                           ? jitter(m, s_recency, kMemberNats) * sqrt_d / (mean_norm * mean_norm)
+                           : 0.0;
     for (std::size_t ch = 0; ch < d; ++ch) {
       const double z = std::sqrt(0.5) * shared_noise[ch] + std::sqrt(0.5) * m.normal();
       pre[ch] = rec * hs.key_mean[ch] + p.noise * z;
     }
     for (std::size_t k = 0; k < hs.outlier_pairs.size(); ++k) {
-      // Query weight on the outlier pair chosen so its per-token spread (0.35 * amp)
-      // contributes s_outlier to the score std; aligned with the pair's mean.
+      // Query weight on the outlier pair chosen so the pair's per-token spread adds
+      // s_outlier to the score std; aligned with the pair's mean.
       const std::size_t i = hs.outlier_pairs[k];
-      const double b = s_outlier * strength(m, 0.2) * sqrt_d / (0.35 * p.outlier_amp);
+      const double b = jitter(m, s_outlier, kMemberNats / 4.0) * sqrt_d /
+                       (detail::kOutlierSpread * p.outlier_amp);
       pre[i] = b * hs.outlier_means[2 * k];
       pre[i + half_dim] = b * hs.outlier_means[2 * k + 1];
     }
@@ -747,13 +794,9 @@ inline void make_queries(const kv_cache& c, std::size_t kv_head, std::size_t gro
 
     // Post-RoPE targets: a query "looking for" content c at position t must equal
     // RoPE_t(c) after its own rotation; gain chosen so the score is the strength.
-    if (s_sink > 0.0) {
-      const double base = s_sink * strength(m, 0.2) / p.sink_amp;
-      for (std::size_t k = 0; k < c.n_sinks; ++k) {
-        const double decay = 1.0 / (1.0 + 0.4 * static_cast<double>(k));  // sink 0 strongest
-        add_target(std::span(hs.sink_dirs).subspan(k * d, d), static_cast<double>(k),
-                   base * decay);
-      }
+    if (s_sink > 0.0 && c.n_sinks > 0) {
+      const double gain = jitter(m, s_sink, kMemberNats) / p.sink_amp;
+      for (std::size_t ch = 0; ch < d; ++ch) q[ch] += gain * hs.sink_dir[ch];  // post-RoPE
     }
     if (s_topic > 0.0 && p.topic_amp > 0.0) {
       for (std::size_t target : targets) {
@@ -762,12 +805,12 @@ inline void make_queries(const kv_cache& c, std::size_t kv_head, std::size_t gro
         if (m.uniform() < 0.25) pidx = detail::passage_of(c, c.n_sinks + m.below(n - c.n_sinks));
         const passage& ps = c.passages[pidx];
         const double mid = 0.5 * static_cast<double>(ps.begin + ps.end - 1);
-        const double gain = s_topic * strength(m, 0.2) / p.topic_amp;
+        const double gain = jitter(m, s_topic, kMemberNats) / p.topic_amp;
         add_target(std::span(hs.topic_dirs).subspan(ps.topic * d, d), mid, gain);
       }
     }
     if (s_needle > 0.0) {
-      const double gain = s_needle * strength(m, 0.1) / p.needle_amp;
+      const double gain = jitter(m, s_needle, kMemberNats) / p.needle_amp;
       add_target(std::span(hs.needle_dirs).subspan(needle * d, d),
                  static_cast<double>(c.needle_tokens[needle]), gain);
     }
@@ -775,8 +818,8 @@ inline void make_queries(const kv_cache& c, std::size_t kv_head, std::size_t gro
   }
 }
 
-inline std::vector<float> make_queries(const kv_cache& c, std::size_t kv_head,
-                                       std::size_t group, std::uint64_t step) {
+inline std::vector<float> make_queries(const kv_cache& c, std::size_t kv_head, std::size_t group,
+                                       std::uint64_t step) {
   std::vector<float> out(group * c.config.head_dim);
   make_queries(c, kv_head, group, step, out);
   return out;
@@ -788,14 +831,24 @@ inline std::vector<float> make_queries(const kv_cache& c, std::size_t kv_head,
 struct attention_profile {
   double effective_keys = 0.0;  // exp(entropy of the attention weights)
   double top1_weight = 0.0;
-  double top64_mass = 0.0;      // mass of the 64 largest weights
-  double score_range = 0.0;     // max score - median score (nats)
-  double sink_mass = 0.0;       // mass of the first 4 tokens
-  double recent_mass = 0.0;     // mass of the last 64 tokens
-  std::size_t argmax = 0;
+  double top64_mass = 0.0;   // mass of the 64 largest weights
+  double score_range = 0.0;  // max score - median score (nats)
+  double sink_mass = 0.0;    // mass of the first 4 tokens
+  double recent_mass = 0.0;  // mass of the last 64 tokens
+  std::size_t argmax = 0;    // token with the largest score
 };
 
-/// Profiles each query of `queries` ([m][head_dim] row-major) against one KV head.
+namespace detail {
+/// Upper median, reordering `v`.
+inline double median_inplace(std::vector<double>& v) {
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+}  // namespace detail
+
+/// Profiles each query of `queries` ([m][head_dim] row-major) against one KV head, in
+/// double precision. O(m n d): for tests, benches and the tables in docs/synthetic.md.
 inline std::vector<attention_profile> profile_attention(const kv_cache& c, std::size_t kv_head,
                                                         std::span<const float> queries) {
   const std::size_t n = c.config.n_tokens, d = c.config.head_dim;
@@ -803,51 +856,52 @@ inline std::vector<attention_profile> profile_attention(const kv_cache& c, std::
     throw error("certattn::synthetic::profile_attention: kv_head out of range");
   }
   if (queries.size() % d != 0) {
-    throw error("certattn::synthetic::profile_attention: queries.size() not a multiple of head_dim");
+    throw error(
+        "certattn::synthetic::profile_attention: queries.size() is not a multiple of "
+        "head_dim");
   }
-  const std::size_t m = queries.size() / d;
-  std::vector<float> keys(n * d);
+  std::vector<float> keys(n * d);  // converted once, shared by all queries
   for (std::size_t t = 0; t < n; ++t) {
     const half* k = c.key_row(kv_head, t);
     for (std::size_t ch = 0; ch < d; ++ch) keys[t * d + ch] = static_cast<float>(k[ch]);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<attention_profile> out(m);
-  std::vector<double> s(n), sorted(n);
-  for (std::size_t j = 0; j < m; ++j) {
+  const std::size_t top = std::min<std::size_t>(64, n), edge = std::min<std::size_t>(4, n);
+  std::vector<attention_profile> out(queries.size() / d);
+  std::vector<double> w(n), scratch(n);
+  for (std::size_t j = 0; j < out.size(); ++j) {
     const float* q = queries.data() + j * d;
     for (std::size_t t = 0; t < n; ++t) {
       double acc = 0.0;
       for (std::size_t ch = 0; ch < d; ++ch) acc += static_cast<double>(q[ch]) * keys[t * d + ch];
-      s[t] = acc * scale;
+      w[t] = acc * scale;
     }
     attention_profile& pr = out[j];
-    pr.argmax = static_cast<std::size_t>(std::max_element(s.begin(), s.end()) - s.begin());
-    const double mx = s[pr.argmax];
-    sorted = s;
-    std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
-    pr.score_range = mx - sorted[n / 2];
-    double z = 0.0, zs = 0.0;
-    for (double& x : s) {
-      const double w = std::exp(x - mx);
-      zs += w * (x - mx);
-      x = w;
-      z += w;
+    pr.argmax = static_cast<std::size_t>(std::max_element(w.begin(), w.end()) - w.begin());
+    const double mx = w[pr.argmax];
+    scratch = w;
+    pr.score_range = mx - detail::median_inplace(scratch);
+    double z = 0.0, z_shift = 0.0;  // sum w, sum w (s - max)
+    for (double& x : w) {
+      const double e = std::exp(x - mx);
+      z_shift += e * (x - mx);
+      x = e;
+      z += e;
     }
-    pr.effective_keys = std::exp(std::log(z) - zs / z);  // H = ln Z - E[s - max]
+    pr.effective_keys = std::exp(std::log(z) - z_shift / z);  // H = ln Z - E[s - max]
     pr.top1_weight = 1.0 / z;
-    for (std::size_t t = 0; t < std::min<std::size_t>(4, n); ++t) pr.sink_mass += s[t] / z;
-    for (std::size_t t = n - std::min<std::size_t>(64, n); t < n; ++t) pr.recent_mass += s[t] / z;
-    const std::size_t k = std::min<std::size_t>(64, n);
-    std::partial_sort(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k), s.end(),
-                      std::greater<>());
-    pr.top64_mass = std::accumulate(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k), 0.0) / z;
+    pr.sink_mass =
+        std::accumulate(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(edge), 0.0) / z;
+    pr.recent_mass = std::accumulate(w.end() - static_cast<std::ptrdiff_t>(top), w.end(), 0.0) / z;
+    const auto top_end = w.begin() + static_cast<std::ptrdiff_t>(top);
+    std::partial_sort(w.begin(), top_end, w.end(), std::greater<>());
+    pr.top64_mass = std::accumulate(w.begin(), top_end, 0.0) / z;
   }
   return out;
 }
 
 /// Max over channels of the mean |key| divided by its median over channels: the
-/// outlier-channel ratio KIVI reports (1 to 2 for isotropic keys).
+/// outlier-channel ratio KIVI reports (about 1.5 for keys without outlier channels).
 inline double channel_magnitude_ratio(const kv_cache& c, std::size_t kv_head) {
   const std::size_t n = c.config.n_tokens, d = c.config.head_dim;
   if (kv_head >= c.config.kv_heads) {
@@ -856,11 +910,11 @@ inline double channel_magnitude_ratio(const kv_cache& c, std::size_t kv_head) {
   std::vector<double> mag(d, 0.0);
   for (std::size_t t = 0; t < n; ++t) {
     const half* k = c.key_row(kv_head, t);
-    for (std::size_t ch = 0; ch < d; ++ch) mag[ch] += std::abs(static_cast<double>(static_cast<float>(k[ch])));
+    for (std::size_t ch = 0; ch < d; ++ch) mag[ch] += std::abs(static_cast<double>(k[ch]));
   }
   const double mx = *std::max_element(mag.begin(), mag.end());
-  std::nth_element(mag.begin(), mag.begin() + d / 2, mag.end());
-  return mag[d / 2] > 0.0 ? mx / mag[d / 2] : std::numeric_limits<double>::infinity();
+  const double med = detail::median_inplace(mag);
+  return med > 0.0 ? mx / med : std::numeric_limits<double>::infinity();
 }
 
 }  // namespace certattn::synthetic

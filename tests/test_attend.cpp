@@ -1,0 +1,185 @@
+// The fast path computes what the reference computes: the same levels, the same sample
+// sets (token by token), the same certificate and the same output up to float rounding,
+// over every synthetic regime, each layout and element type, head_dim 64/128/256, G in
+// {1, 4, 7, 8}, contexts from 1K to 128K, and each instruction set.
+//
+// Scores are computed by one lane-fixed function in both paths, so they agree bit for
+// bit and the admissible "key within rounding of a threshold" case cannot arise: the
+// test requires identical sets (and counts any difference, which must be zero).
+#include <certattn/attend.hpp>
+#include <certattn/reference.hpp>
+
+#include "support/layouts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <string>
+
+namespace {
+
+using namespace certattn;
+using test::layout_kind;
+
+struct exact_case {
+  synthetic::regime kind;
+  layout_kind layout;
+  int type;  // 0 fp16, 1 bf16, 2 fp32
+  std::size_t d, group, n;
+  isa arch;
+  error_scale scale;
+  double eps;
+};
+
+std::string name_of(const exact_case& c) {
+  static const char* types[] = {"fp16", "bf16", "fp32"};
+  return std::string(synthetic::to_string(c.kind)) + "_" + test::to_string(c.layout) + "_" +
+         types[c.type] + "_d" + std::to_string(c.d) + "_G" + std::to_string(c.group) + "_n" +
+         std::to_string(c.n) + "_" + std::string(to_string(c.arch)) + "_" +
+         std::string(to_string(c.scale));
+}
+
+template <storage_element T, class View>
+void check_group(const exact_case& p, const test::layout_cache<T>& cache, const View& kv,
+                 const synthetic::kv_cache& src, std::size_t head) {
+  const std::size_t n = p.n, d = p.d, G = p.group;
+  key_index idx(d);
+  // Build from most of the cache and append the rest: the append path (tail block,
+  // re-encoding, value-bound refresh) must give an index the call is exact with.
+  const std::size_t n0 = n - std::min<std::size_t>(n / 3, 700);
+  idx.build(kv.prefix(n0));
+  for (std::size_t t = n0; t < n; ++t) idx.append(kv, t);
+
+  options opt;
+  opt.epsilon = p.eps;
+  opt.scale = p.scale;
+  opt.seed = 11;
+  attend_workspace ws(G, d, n);
+  ws.record_samples(true);
+  std::vector<float> out(G * d);
+  std::vector<certificate> certs(G);
+  std::vector<T> kmat, vmat;
+  test::gather_head<T>(kv, kmat, vmat);
+  for (std::uint64_t step : {3u, 4u}) {
+    const noise_key nk{step, 2, std::uint32_t(head)};
+    const std::vector<float> q = synthetic::make_queries(src, head, G, step);
+    set_isa_cap(p.arch);
+    attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(out),
+                 std::span<certificate>(certs), ws);
+    set_isa_cap(isa::kAvx512Vnni);
+    ASSERT_EQ(ws.last_stats().bound_violations, 0u);
+    for (std::size_t g = 0; g < G; ++g) {
+      const auto r = reference_attend(std::span<const float>(q.data() + g * d, d),
+                                      make_matrix_view(kmat.data(), n, d),
+                                      make_matrix_view(vmat.data(), n, d), opt, nk,
+                                      {idx.value_center(), idx.value_cap()});
+      const certificate& f = certs[g];
+      SCOPED_TRACE("head " + std::to_string(g) + " step " + std::to_string(step));
+      ASSERT_EQ(f.certified, r.cert.certified);
+      ASSERT_EQ(f.exact, r.cert.exact);
+      ASSERT_EQ(f.level, r.cert.level);
+      ASSERT_EQ(f.heavy, r.cert.heavy);
+      ASSERT_EQ(f.sampled, r.cert.sampled);
+      if (!f.exact) {
+        EXPECT_NEAR(f.bound, r.cert.bound, 1e-9 * std::max(1.0, r.cert.bound));
+        EXPECT_NEAR(f.beta, r.cert.beta, 1e-9 * std::max(1.0, r.cert.beta));
+        // The same sample, token by token, heavy or light.
+        std::set<std::uint32_t> heavy, light;
+        for (const auto& sk : ws.samples(g))
+          (sk.heavy_level <= f.level ? heavy : light).insert(sk.token);
+        std::size_t mismatches = 0;
+        for (std::size_t t = 0; t < r.sample_level.size(); ++t) {
+          if (r.sample_level[t] < 0) continue;  // exact set
+          const bool in = r.sample_level[t] <= f.level;
+          const bool hv = r.heavy_level[t] <= f.level;
+          mismatches += (in && hv) != bool(heavy.count(std::uint32_t(t)));
+          mismatches += (in && !hv) != bool(light.count(std::uint32_t(t)));
+        }
+        ASSERT_EQ(mismatches, 0u) << "sample sets differ";
+      }
+      // Output: float storage of a double computation, sums in another order.
+      double err = 0.0, norm = 0.0;
+      for (std::size_t i = 0; i < d; ++i) {
+        err = std::max(err, std::fabs(double(out[g * d + i]) - r.output[i]));
+        norm = std::max(norm, std::fabs(r.output[i]));
+      }
+      ASSERT_LE(err, 1e-5 * std::max(1.0, norm)) << "output differs";
+    }
+  }
+}
+
+template <storage_element T>
+void run_case(const exact_case& p) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = p.n;
+  cfg.head_dim = p.d;
+  cfg.kv_heads = p.layout == layout_kind::kHnd ? 1 : 2;
+  cfg.kind = p.kind;
+  cfg.seed = 1000 + p.n + p.d;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<T>(src, p.layout);
+  const std::size_t head = cfg.kv_heads - 1;
+  if (p.layout == layout_kind::kPaged)
+    check_group<T>(p, cache, cache.paged(head), src, head);
+  else
+    check_group<T>(p, cache, cache.strided(head), src, head);
+}
+
+class FastPathExact : public ::testing::TestWithParam<exact_case> {};
+
+TEST_P(FastPathExact, SameLevelsSamplesCertificatesAndOutputs) {
+  const exact_case& p = GetParam();
+  if (int(p.arch) > int(detected_isa())) GTEST_SKIP() << "CPU lacks " << to_string(p.arch);
+  switch (p.type) {
+    case 0: run_case<half>(p); break;
+    case 1: run_case<bfloat16>(p); break;
+    default: run_case<float>(p); break;
+  }
+}
+
+/// A covering design rather than the full product: every regime meets every layout,
+/// type, head_dim, group size, arch and scale several times, at 1K-16K; a few large
+/// contexts (32K, 128K) run on the main path.
+std::vector<exact_case> cases() {
+  std::vector<exact_case> c;
+  const std::size_t dims[] = {64, 128, 256};
+  const std::size_t groups[] = {1, 4, 7, 8};
+  const std::size_t ns[] = {1024, 3000, 8192, 16384};
+  const isa archs[] = {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar};
+  const error_scale scales[] = {error_scale::kValueScale, error_scale::kOutputNorm,
+                                error_scale::kDenominator};
+  const double eps[] = {0.1, 0.05, 0.2};
+  std::size_t k = 0;
+  for (synthetic::regime r : synthetic::all_regimes)
+    for (int rep = 0; rep < 4; ++rep, ++k) {
+      exact_case e;
+      e.kind = r;
+      e.layout = layout_kind(k % 3);
+      e.type = int((k / 3) % 3);
+      e.d = dims[(k + rep) % 3];
+      e.group = groups[(k / 2) % 4];
+      e.n = ns[(k * 7 + rep) % 4];
+      e.arch = archs[(k / 5) % 3];
+      e.scale = scales[(k / 4) % 3];
+      e.eps = eps[k % 3];
+      if (e.arch == isa::kScalar) e.n = std::min<std::size_t>(e.n, 3000);  // slow twin
+      c.push_back(e);
+    }
+  c.push_back({synthetic::regime::kMixed, layout_kind::kHnd, 0, 128, 4, 32768, isa::kAvx512Vnni,
+               error_scale::kValueScale, 0.1});
+  c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 0, 128, 8, 32768, isa::kAvx512Vnni,
+               error_scale::kValueScale, 0.1});
+  c.push_back({synthetic::regime::kRecency, layout_kind::kPaged, 0, 128, 4, 131072,
+               isa::kAvx512Vnni, error_scale::kValueScale, 0.1});
+  c.push_back({synthetic::regime::kNeedle, layout_kind::kHnd, 1, 64, 7, 131072, isa::kAvx2,
+               error_scale::kOutputNorm, 0.1});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Covering, FastPathExact, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+}  // namespace

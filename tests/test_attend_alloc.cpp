@@ -1,0 +1,84 @@
+// A steady-state certified call allocates nothing: the workspace is the caller's.
+// This file replaces the global operator new to count allocations, so it is its own
+// test executable.
+#include <certattn/attend.hpp>
+#include <certattn/synthetic.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+namespace {
+std::atomic<long> g_allocations{0};
+std::atomic<bool> g_counting{false};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting.load()) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (g_counting.load()) ++g_allocations;
+  if (void* p = std::aligned_alloc(std::size_t(a), (n + std::size_t(a) - 1) / std::size_t(a) * std::size_t(a))) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace {
+using namespace certattn;
+
+TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
+  const std::size_t n = 20000, d = 128, G = 4;
+  for (synthetic::regime r : {synthetic::regime::kMixed, synthetic::regime::kUniform,
+                              synthetic::regime::kExtreme}) {
+    synthetic::cache_config cfg;
+    cfg.n_tokens = n;
+    cfg.head_dim = d;
+    cfg.kind = r;
+    const auto cache = synthetic::make_cache(cfg);
+    const strided_kv<half> kv(cache.key_row(0, 0), cache.value_row(0, 0), n, d, d, d);
+    key_index idx(d);
+    idx.build(kv);
+    attend_workspace ws(G, d, n);
+    std::vector<float> out(G * d);
+    std::vector<certificate> certs(G);
+    options opt;
+    std::vector<std::vector<float>> queries;
+    for (std::uint64_t s = 0; s < 6; ++s) queries.push_back(synthetic::make_queries(cache, 0, G, s));
+    // Also force the exact fallback once: max_levels 0 rarely certifies.
+    options strict = opt;
+    strict.max_levels = 0;
+    strict.epsilon = 1e-6;
+    attend_group(std::span<const float>(queries[0]), G, kv, idx, {0, 0, 0}, opt,
+                 std::span<float>(out), std::span<certificate>(certs), ws);  // warm-up
+    g_allocations = 0;
+    g_counting = true;
+    for (std::uint64_t s = 1; s < 6; ++s)
+      attend_group(std::span<const float>(queries[s]), G, kv, idx, {s, 0, 0}, s == 5 ? strict : opt,
+                   std::span<float>(out), std::span<certificate>(certs), ws);
+    g_counting = false;
+    EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r);
+    EXPECT_TRUE(certs[0].exact) << "the strict call should have fallen back to exact";
+  }
+}
+
+TEST(AttendAllocation, CounterSeesAllocations) {
+  // The counter works: a vector allocates.
+  g_allocations = 0;
+  g_counting = true;
+  std::vector<int>* v = new std::vector<int>(100);
+  g_counting = false;
+  EXPECT_GE(g_allocations.load(), 2);
+  delete v;
+}
+
+}  // namespace
