@@ -98,6 +98,9 @@ class attend_workspace {
     bucket_start_.assign(std::size_t(max_levels) + 3, 0);
     nodes_.assign(3 * max_tokens + 16, {});  // refined, scored, transition
     to_score_.assign(max_tokens + 16, 0);
+    refine_a_.assign(blocks * dp_ + 16, 0.0f);
+    refine_offset_.assign(blocks + 1, 0.0f);
+    refine_ready_.assign(blocks + 1, 0);
     to_include_.assign(max_tokens + 16, {});
     pending_head_.assign(std::size_t(max_levels) + 2, -1);
     transition_head_.assign(std::size_t(max_levels) + 2, -1);
@@ -156,6 +159,9 @@ class attend_workspace {
     double score = 0.0;
   };
   std::vector<std::uint32_t> to_score_;   // this level's keys to read exactly
+  std::vector<float> refine_a_;           // [blocks][padded_dim] q * st8 of this head
+  std::vector<float> refine_offset_;      // [blocks] C8 + margin of this head
+  std::vector<std::uint8_t> refine_ready_;  // [blocks] prepared for this head
   std::vector<admitted> to_include_;      // this level's keys whose values enter the sums
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, window_num_, o_hat_, c0_;
@@ -186,13 +192,7 @@ struct detail_attend {
 
   template <class T>
   static double add_value(const T* v, std::size_t d, double w, double* acc) noexcept {
-    double sq = 0.0;
-    for (std::size_t i = 0; i < d; ++i) {
-      const double x = to_double(v[i]);
-      acc[i] += w * x;
-      sq += x * x;
-    }
-    return sq;
+    return detail::accumulate_row(v, d, w, acc, active_isa());
   }
 
   // ---- stage: window ------------------------------------------------------------------
@@ -299,12 +299,17 @@ struct detail_attend {
   }
 
   // ---- stage: level loop --------------------------------------------------------------
-  /// 8-bit bound on s_i (see arch/refine_kernels.hpp for the margin).
+  /// 8-bit bound on s_i (see arch/refine_kernels.hpp), preparing the block on first use.
   static double refine8(const key_index& idx, std::size_t t, const float* qpad, double scale,
-                        isa which) noexcept {
-    const std::size_t b = t / key_index::kBlockTokens;
-    return scale * detail::refine8_bound(qpad, idx.block_lo(b), idx.block_step8(b),
-                                         idx.codes8(t), idx.padded_dim(), which);
+                        attend_workspace& ws, isa which) noexcept {
+    const std::size_t b = t / key_index::kBlockTokens, dp = idx.padded_dim();
+    float* a = ws.refine_a_.data() + b * dp;
+    if (!ws.refine_ready_[b]) {
+      ws.refine_offset_[b] =
+          detail::prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
+      ws.refine_ready_[b] = 1;
+    }
+    return scale * detail::refine8_bound(a, ws.refine_offset_[b], idx.codes8(t), dp, which);
   }
 
   static std::int32_t push(attend_workspace& ws, head_state& st, std::vector<std::int32_t>& head,
@@ -360,7 +365,7 @@ struct detail_attend {
                                const options& opt, attend_workspace& ws, head_state& st,
                                isa which) noexcept {
     ++st.refined;
-    const double u8 = refine8(idx, t, qpad, scale, which);
+    const double u8 = refine8(idx, t, qpad, scale, ws, which);
     const double x8 = (u8 - c) + double(pert.exp1_upper(t));
     const int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0),
                                   opt.grid_ratio, opt.max_levels);
@@ -492,6 +497,8 @@ struct detail_attend {
       const float* q = queries.data() + g * d;
       const float* qpad = ws.qpad_.data() + g * dp;
       ws.head_ = g;
+      std::fill_n(ws.refine_ready_.begin(),
+                  (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens, 0);
       const float* u = ws.u_.data() + g * ws.u_stride_;
       head_state st;
       st.keys_read = W + xs.size();

@@ -1,17 +1,23 @@
 // The 8-bit refinement bound of one candidate: with k = lo + st8 (code + f), f in [0, 1],
-//   q.k <= sum q lo + sum a code + sum max(a, 0),  a = q st8,
-// evaluated in float in 16 fixed lanes (channel mod 16) with explicit fmas and one fixed
-// reduction tree, so the AVX-512 kernel and its scalar twin give the same bits. The float
-// rounding is covered by a margin: each lane chain performs at most 3 d / 16 + 2 roundings
-// and the tree 4 more, each erring by at most 2^-24 of a partial sum bounded by
-// mag = sum |q lo| + 256 sum |a|, so (3 d + 64) 2^-24 mag (doubled for safety) bounds it.
+//   q.k <= C8 + sum a code,  a = q st8,  C8 = sum q lo + sum max(a, 0).
+// a and C8 depend only on the block and the query, so they are prepared once per block
+// that has candidates (prepare_refine_block), and a candidate costs one dot of its 8-bit
+// codes with a. The dot runs in float in 16 fixed lanes (channel mod 16) with explicit
+// fmas and one reduction tree, so the AVX-512 kernel, the AVX2 kernel (two 8-lane halves)
+// and the scalar twin give the same bits. Rounding: each lane chain performs at most
+// d / 16 fmas and the tree 4 additions, each erring by at most 2^-24 of a partial sum
+// bounded by 256 sum |a|; C8 is summed in double and rounded up. The margin
+// (d + 64) 2^-23 * 256 sum |a| covers them with a factor of two to spare.
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/scan_prep.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace certattn::detail {
 
@@ -23,64 +29,96 @@ inline float reduce16(const float* a) noexcept {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/// Returns the bound on q.k (unscaled) for padded_dim channels (a multiple of 8; the
-/// last 8 channels of an odd octet count are zero-padded by the caller's layout).
-inline double refine8_scalar(const float* q, const float* lo, const float* st,
-                             const std::uint8_t* code, std::size_t padded_dim) noexcept {
-  float acc[16] = {}, mag[16] = {};
-  for (std::size_t o = 0; o < padded_dim; o += 16) {
-    for (std::size_t l = 0; l < 16; ++l) {
-      const std::size_t i = o + l;
-      if (i >= padded_dim) break;
-      const float a = q[i] * st[i];
-      float x = std::fma(q[i], lo[i], acc[l]);
-      x = std::fma(a, float(code[i]), x);
-      acc[l] = x + std::fmax(a, 0.0f);
-      mag[l] = std::fma(256.0f, std::fabs(a), mag[l] + std::fabs(q[i] * lo[i]));
-    }
+/// Per block and query: a = q st8 (float, [padded_dim]) and the constant
+/// C8 + margin (rounded up), to which a candidate's dot is added.
+inline float prepare_refine_block(const float* q, const float* lo, const float* st,
+                                  std::size_t padded_dim, float* a) noexcept {
+  double c = 0.0, abs_a = 0.0, abs_ql = 0.0;
+  for (std::size_t i = 0; i < padded_dim; ++i) {
+    a[i] = q[i] * st[i];  // float: its rounding (2^-24 |a|) is inside the margin
+    const double ql = double(q[i]) * double(lo[i]);  // exact
+    c += ql + std::max(double(a[i]), 0.0);
+    abs_a += std::fabs(double(a[i]));
+    abs_ql += std::fabs(ql);
   }
-  const double sum = reduce16(acc), m = reduce16(mag);
-  return sum + 2.0 * double(3 * padded_dim + 64) * 0x1p-24 * (m * 1.01 + 1e-30);
+  // The dot's float rounding, a's rounding, and the double sums (also those of the
+  // reference's exact score, below 2^-45 of sum |q lo| + 256 sum |a|).
+  const double margin = double(padded_dim + 64) * 0x1p-23 * 256.0 * abs_a + 0x1p-40 * abs_ql;
+  return round_up_f((c + margin) * (1.0 + 0x1p-40) + 1e-30);
+}
+
+/// sum a code in 16 lanes (the scalar twin of the vector kernels).
+inline float refine_dot_scalar(const float* a, const std::uint8_t* code,
+                               std::size_t padded_dim) noexcept {
+  float acc[16] = {};
+  for (std::size_t o = 0; o < padded_dim; o += 16)
+    for (std::size_t l = 0; l < 16 && o + l < padded_dim; ++l)
+      acc[l] = std::fma(a[o + l], float(code[o + l]), acc[l]);
+  return reduce16(acc);
 }
 
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
-CERTATTN_TARGET_AVX512 inline double refine8_avx512(const float* q, const float* lo,
-                                                    const float* st, const std::uint8_t* code,
-                                                    std::size_t padded_dim) noexcept {
-  __m512 acc = _mm512_setzero_ps(), mag = _mm512_setzero_ps();
-  const __m512 zero = _mm512_setzero_ps(), c256 = _mm512_set1_ps(256.0f);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (std::size_t o = 0; o < padded_dim; o += 16) {
-    const std::size_t left = padded_dim - o;
-    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    const __m512 qq = _mm512_maskz_loadu_ps(m, q + o);
-    const __m512 ll = _mm512_maskz_loadu_ps(m, lo + o);
-    const __m512 ss = _mm512_maskz_loadu_ps(m, st + o);
-    const __m512 cc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, code + o)));
-    const __m512 a = _mm512_mul_ps(qq, ss);
-    __m512 x = _mm512_fmadd_ps(qq, ll, acc);
-    x = _mm512_fmadd_ps(a, cc, x);
-    acc = _mm512_add_ps(x, _mm512_max_ps(a, zero));
-    const __m512 ql = _mm512_and_ps(_mm512_mul_ps(qq, ll), absmask);
-    mag = _mm512_fmadd_ps(c256, _mm512_and_ps(a, absmask), _mm512_add_ps(mag, ql));
+CERTATTN_TARGET_AVX512 inline float refine_dot_avx512(const float* a, const std::uint8_t* code,
+                                                      std::size_t padded_dim) noexcept {
+  __m512 acc = _mm512_setzero_ps();
+  std::size_t o = 0;
+  for (; o + 16 <= padded_dim; o += 16) {
+    const __m512 cc = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + o))));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + o), cc, acc);
   }
-  alignas(64) float av[16], mv[16];
-  _mm512_store_ps(av, acc);
-  _mm512_store_ps(mv, mag);
-  const double sum = reduce16(av), mm = reduce16(mv);
-  return sum + 2.0 * double(3 * padded_dim + 64) * 0x1p-24 * (mm * 1.01 + 1e-30);
+  if (o < padded_dim) {  // padded_dim is a multiple of 8
+    const __mmask16 m = __mmask16((1u << (padded_dim - o)) - 1);
+    const __m512 cc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, code + o)));
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + o), cc, acc);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  return reduce16(lanes);
+}
+
+CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a, const std::uint8_t* code,
+                                                  std::size_t padded_dim) noexcept {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  std::size_t o = 0;
+  for (; o + 16 <= padded_dim; o += 16) {
+    std::int64_t c0, c1;
+    std::memcpy(&c0, code + o, 8);
+    std::memcpy(&c1, code + o + 8, 8);
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + o),
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c0))), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + o + 8),
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c1))), hi);
+  }
+  if (o < padded_dim) {  // 8 channels left
+    std::int64_t c0;
+    std::memcpy(&c0, code + o, 8);
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + o),
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c0))), lo);
+  }
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, lo);
+  _mm256_store_ps(lanes + 8, hi);
+  return reduce16(lanes);
 }
 CERTATTN_ARCH_END
 #endif
 
-inline double refine8_bound(const float* q, const float* lo, const float* st,
-                            const std::uint8_t* code, std::size_t padded_dim, isa which) noexcept {
+/// The 8-bit bound on q.k (unscaled) of one candidate, given its block's preparation.
+inline double refine8_bound(const float* a, float offset, const std::uint8_t* code,
+                            std::size_t padded_dim, isa which) noexcept {
+  float dot;
 #if CERTATTN_X86
-  if (which == isa::kAvx512Vnni) return refine8_avx512(q, lo, st, code, padded_dim);
+  if (which == isa::kAvx512Vnni)
+    dot = refine_dot_avx512(a, code, padded_dim);
+  else if (which == isa::kAvx2)
+    dot = refine_dot_avx2(a, code, padded_dim);
+  else
 #endif
+    dot = refine_dot_scalar(a, code, padded_dim);
   (void)which;
-  return refine8_scalar(q, lo, st, code, padded_dim);
+  return double(offset) + double(dot);
 }
 
 }  // namespace certattn::detail

@@ -10,7 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace certattn::detail {
 
@@ -45,6 +47,69 @@ CERTATTN_TARGET_AVX512 inline double score_dot_avx512(const float* q, const half
 }
 CERTATTN_ARCH_END
 #endif
+
+/// acc[i] += w v[i] (fused) for one value row, returning ||v||^2 in 8 fixed lanes: the
+/// vector kernel below gives the same bits.
+template <class T>
+inline double accumulate_row_scalar(const T* v, std::size_t d, double w, double* acc) noexcept {
+  double sq[8] = {};
+  for (std::size_t i = 0; i < d; ++i) {
+    const double x = to_double(v[i]);
+    acc[i] = std::fma(w, x, acc[i]);
+    sq[i % 8] += x * x;  // exact product
+  }
+  return reduce8(sq);
+}
+
+#if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
+template <class T>
+CERTATTN_TARGET_AVX512 inline __m512d load8_as_double(const T* p) noexcept {
+  if constexpr (std::is_same_v<T, half>) {
+    __m128i h;
+    std::memcpy(&h, p, 16);
+    return _mm512_cvtps_pd(_mm256_cvtph_ps(h));
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    __m128i h;
+    std::memcpy(&h, p, 16);
+    return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  } else {
+    return _mm512_cvtps_pd(_mm256_loadu_ps(reinterpret_cast<const float*>(p)));
+  }
+}
+
+template <class T>
+CERTATTN_TARGET_AVX512 inline double accumulate_row_avx512(const T* v, std::size_t d, double w,
+                                                           double* acc) noexcept {
+  const __m512d wv = _mm512_set1_pd(w);
+  __m512d sq = _mm512_setzero_pd();
+  std::size_t o = 0;
+  for (; o + 8 <= d; o += 8) {
+    const __m512d x = load8_as_double(v + o);
+    _mm512_storeu_pd(acc + o, _mm512_fmadd_pd(wv, x, _mm512_loadu_pd(acc + o)));
+    sq = _mm512_fmadd_pd(x, x, sq);
+  }
+  alignas(64) double lanes[8];
+  _mm512_store_pd(lanes, sq);
+  for (std::size_t l = 0; o + l < d; ++l) {
+    const double x = to_double(v[o + l]);
+    acc[o + l] = std::fma(w, x, acc[o + l]);
+    lanes[l] += x * x;
+  }
+  return reduce8(lanes);
+}
+CERTATTN_ARCH_END
+#endif
+
+template <class T>
+inline double accumulate_row(const T* v, std::size_t d, double w, double* acc, isa which) noexcept {
+#if CERTATTN_X86
+  if constexpr (storage_element<T>)
+    if (which == isa::kAvx512Vnni) return accumulate_row_avx512(v, d, w, acc);
+#endif
+  (void)which;
+  return accumulate_row_scalar(v, d, w, acc);
+}
 
 template <class T>
 inline double score_dot_fast(const float* q, const T* k, std::size_t d, isa which) noexcept {
