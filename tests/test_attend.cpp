@@ -63,6 +63,7 @@ void check_group(const exact_case& p, const test::layout_cache<T>& cache, const 
   std::vector<certificate> certs(G);
   std::vector<T> kmat, vmat;
   test::gather_head<T>(kv, kmat, vmat);
+  int deepest_level = -1;
   for (std::uint64_t step : {3u, 4u}) {
     const noise_key nk{step, 2, std::uint32_t(head)};
     const std::vector<float> q = synthetic::make_queries(src, head, G, step);
@@ -77,6 +78,7 @@ void check_group(const exact_case& p, const test::layout_cache<T>& cache, const 
                                       make_matrix_view(vmat.data(), n, d), opt, nk,
                                       {idx.value_center(), idx.value_cap()});
       const certificate& f = certs[g];
+      deepest_level = std::max(deepest_level, f.exact ? 1000 : f.level);
       SCOPED_TRACE("head " + std::to_string(g) + " step " + std::to_string(step));
       ASSERT_EQ(f.certified, r.cert.certified);
       ASSERT_EQ(f.exact, r.cert.exact);
@@ -109,6 +111,8 @@ void check_group(const exact_case& p, const test::layout_cache<T>& cache, const 
       ASSERT_LE(err, 1e-5 * std::max(1.0, norm)) << "output differs";
     }
   }
+  std::printf("[ deepest ] %s: %s\n", name_of(p).c_str(),
+              deepest_level == 1000 ? "exact fallback" : std::to_string(deepest_level).c_str());
 }
 
 template <storage_element T>
@@ -168,6 +172,16 @@ std::vector<exact_case> cases() {
       if (e.arch == isa::kScalar) e.n = std::min<std::size_t>(e.n, 3000);  // slow twin
       c.push_back(e);
     }
+  // Tight targets: stopping levels past the first bucketing pass (levels > 3J/4), and
+  // calls that reach J and fall back to exact attention.
+  c.push_back({synthetic::regime::kPeaked, layout_kind::kHnd, 0, 128, 4, 8192, isa::kAvx512Vnni,
+               error_scale::kValueScale, 0.01});
+  c.push_back({synthetic::regime::kExtreme, layout_kind::kNhd, 2, 64, 4, 4096, isa::kAvx2,
+               error_scale::kOutputNorm, 0.005});
+  c.push_back({synthetic::regime::kMild, layout_kind::kPaged, 1, 128, 7, 4096, isa::kScalar,
+               error_scale::kValueScale, 0.01});
+  c.push_back({synthetic::regime::kUniform, layout_kind::kHnd, 0, 64, 4, 2048, isa::kAvx512Vnni,
+               error_scale::kValueScale, 1e-7});
   c.push_back({synthetic::regime::kMixed, layout_kind::kHnd, 0, 128, 4, 32768, isa::kAvx512Vnni,
                error_scale::kValueScale, 0.1});
   c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 0, 128, 8, 32768, isa::kAvx512Vnni,

@@ -98,6 +98,7 @@ class attend_workspace {
     bucket_start_.assign(std::size_t(max_levels) + 3, 0);
     nodes_.assign(3 * max_tokens + 16, {});  // refined, scored, transition
     to_score_.assign(max_tokens + 16, 0);
+    e_up_.assign(max_tokens + 16, 0.0f);
     refine_a_.assign(blocks * dp_ + 16, 0.0f);
     refine_offset_.assign(blocks + 1, 0.0f);
     refine_ready_.assign(blocks + 1, 0);
@@ -159,6 +160,7 @@ class attend_workspace {
     double score = 0.0;
   };
   std::vector<std::uint32_t> to_score_;   // this level's keys to read exactly
+  std::vector<float> e_up_;               // [pool] upper bounds on the perturbations
   std::vector<float> refine_a_;           // [blocks][padded_dim] q * st8 of this head
   std::vector<float> refine_offset_;      // [blocks] C8 + margin of this head
   std::vector<std::uint8_t> refine_ready_;  // [blocks] prepared for this head
@@ -262,24 +264,28 @@ struct detail_attend {
   // ---- stage: candidates --------------------------------------------------------------
   /// Pool keys whose perturbed bound reaches ln tau_J, in buckets by earliest level.
   static std::size_t bucket_candidates(const float* u, std::size_t pool_end, double c,
-                                       const perturbation& pert, const options& opt,
+                                       const options& opt, int first, int last,
                                        attend_workspace& ws, isa which) noexcept {
     detail::candidate_params p;
-    p.noise = pert.key();
     p.c = std::nextafter(float(c), -INFINITY);  // below c: y only grows
     // Each of the three float roundings errs by at most 2^-24 of its operand, all of
     // which stay within |c| + 80 for any token that can reach ln tau_J >= -180.
     p.slack = float((std::fabs(c) + 256.0) * 0x1p-21);
-    p.threshold = float(ln_tau(opt.max_levels, opt.grid_ratio));
+    p.threshold = float(ln_tau(last, opt.grid_ratio));
+    // A later pass keeps only what the earlier one (down to level first - 1) did not.
+    p.upper = first == 0 ? INFINITY : float(ln_tau(first - 1, opt.grid_ratio));
     p.level_scale = float(-double(opt.grid_ratio) / std::numbers::ln2);
-    p.max_levels = opt.max_levels;
+    p.min_level = first;
+    p.max_level = last;
     std::size_t m;
 #if CERTATTN_X86
     if (which == isa::kAvx512Vnni)
-      m = detail::find_candidates_avx512(u, pool_end, p, ws.cand_idx_.data(), ws.cand_lvl_.data());
+      m = detail::find_candidates_avx512(u, ws.e_up_.data(), pool_end, p, ws.cand_idx_.data(),
+                                         ws.cand_lvl_.data());
     else
 #endif
-      m = detail::find_candidates_scalar(u, pool_end, p, ws.cand_idx_.data(), ws.cand_lvl_.data());
+      m = detail::find_candidates_scalar(u, ws.e_up_.data(), pool_end, p, ws.cand_idx_.data(),
+                                         ws.cand_lvl_.data());
     (void)which;
     // Counting sort by level (stable: tokens stay in order within a level).
     const std::size_t J = std::size_t(opt.max_levels);
@@ -296,6 +302,12 @@ struct detail_attend {
     for (std::size_t j = J + 1; j > 0; --j) start[j] = start[j - 1];
     start[0] = 0;
     return m;
+  }
+
+  /// Candidates are bucketed lazily: first the levels most calls stop within, the
+  /// deeper ones only when a call gets there (their buckets are empty until then).
+  static int first_pass_levels(const options& opt) noexcept {
+    return std::min(opt.max_levels, 3 * opt.max_levels / 4);
   }
 
   // ---- stage: level loop --------------------------------------------------------------
@@ -485,6 +497,13 @@ struct detail_attend {
     clock.lap(stats.stage_seconds[0]);
     if (pool_end > 0) scan(idx, group, scale, pool_end, ws, which);
     clock.lap(stats.stage_seconds[1]);
+#if CERTATTN_X86
+    if (which == isa::kAvx512Vnni)
+      detail::fill_exp1_upper_avx512(pert.key(), pool_end, ws.e_up_.data());
+    else
+#endif
+      detail::fill_exp1_upper_scalar(pert.key(), pool_end, ws.e_up_.data());
+    clock.lap(stats.stage_seconds[3]);
 
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     const std::size_t W = n - pool_end;
@@ -532,15 +551,16 @@ struct detail_attend {
       cert = {};
       float* o = out.data() + g * d;
       bool done = false;
+      std::size_t m = 0;  // candidates bucketed
       if (pool_end == xs.size()) {  // no pool: window and exact set are everything
         for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.window_num_[i] / window_weight);
         cert.certified = cert.exact = true;
         done = true;
       } else {
         clock.lap(stats.stage_seconds[2]);
-        const std::size_t m = bucket_candidates(u, pool_end, c, pert, opt, ws, which);
+        const int first_last = first_pass_levels(opt);
+        m = bucket_candidates(u, pool_end, c, opt, 0, first_last, ws, which);
         clock.lap(stats.stage_seconds[3]);
-        stats.candidates += m;
         std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
         std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
         ws.exact_num_ = ws.window_num_;  // no allocation: same size
@@ -548,6 +568,10 @@ struct detail_attend {
         st.exact_weight = window_weight;
         st.exact_sq = window_sq;
         for (int j = 0; j <= opt.max_levels && !done; ++j) {
+          if (j == first_last + 1) {  // the deeper levels' candidates, now needed
+            m += bucket_candidates(u, pool_end, c, opt, j, opt.max_levels, ws, which);
+            clock.lap(stats.stage_seconds[3]);
+          }
           // New candidates of this level, then keys deferred to it, then light keys that
           // turn heavy here.
           process_level(kv, idx, q, qpad, scale, c, pert, j, opt, ws, st, which);
@@ -577,6 +601,7 @@ struct detail_attend {
         }
       }
       clock.lap(stats.stage_seconds[4]);
+      stats.candidates += pool_end > xs.size() ? m : 0;
       if (!done) {
         if (ws.record_) ws.recorded_[g].clear();
         exact_head(kv, q, scale, c, o, ws, which);

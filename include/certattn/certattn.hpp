@@ -14,3 +14,4 @@
 #include <certattn/scan.hpp>
 #include <certattn/attend.hpp>
 #include <certattn/parallel.hpp>
+#include <certattn/monitor/monitor.hpp>

@@ -1,12 +1,14 @@
-// Candidate generation for one query head: every pool token whose perturbed score bound
-// y = u + E_up - c can reach the deepest level, with a conservative earliest level
-// (never later than the true one). The AVX-512 kernel hashes 16 tokens at a time; the
-// scalar twin evaluates the same float operations, so both give the same candidates.
+// Candidate generation: E_up >= E for every pool token (hashed once per call, shared by
+// the G heads), then per head every token whose perturbed score bound
+// y = u + E_up - c can reach the deepest level searched, with a conservative earliest
+// level (never later than the true one). The AVX-512 kernels and their scalar twins
+// evaluate the same float operations, so both give the same candidates.
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
 #include <certattn/perturb.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -14,28 +16,32 @@
 namespace certattn::detail {
 
 struct candidate_params {
-  std::uint64_t noise = 0;  // perturbation::key()
   float c = 0.0f;           // reference score, rounded down to float
   float slack = 0.0f;       // covers float rounding of u + E_up - c
-  float threshold = 0.0f;   // ln tau_J
+  float threshold = 0.0f;   // keep y >= threshold (ln tau of the deepest level searched)
+  float upper = 0.0f;       // ... and y < upper (+inf, or the previous pass's threshold)
   float level_scale = 0.0f; // -r / ln 2
-  int max_levels = 0;
+  int min_level = 0;        // levels are clamped to [min_level, max_level]
+  int max_level = 0;
 };
 
-/// Appends candidates of tokens [0, pool_end) to idx/lvl; returns their number.
-inline std::size_t find_candidates_scalar(const float* u, std::size_t pool_end,
+/// E_up for tokens [0, n) of one call (shared by the G heads): e[t] >= E_t.
+inline void fill_exp1_upper_scalar(std::uint64_t noise, std::size_t n, float* e) noexcept {
+  for (std::size_t t = 0; t < n; ++t)
+    e[t] = perturbation::exp1_upper_from_bits(mix64(noise + (std::uint64_t(t) + 1) * kGolden));
+}
+
+/// Appends the candidates among tokens [0, n) to idx/lvl; returns their number.
+/// y = u + E_up - c + slack >= ln tau_j is necessary for a token to be in S_j.
+inline std::size_t find_candidates_scalar(const float* u, const float* e, std::size_t n,
                                           const candidate_params& p, std::uint32_t* idx,
                                           std::uint8_t* lvl) noexcept {
   std::size_t m = 0;
-  for (std::size_t t = 0; t < pool_end; ++t) {
-    // The same pre-filter as the vector kernel (E <= 36.8 < 38), so both keep the same set.
-    if (!((((u[t] + 38.0f) - p.c) + p.slack) >= p.threshold)) continue;
-    const float e = perturbation::exp1_upper_from_bits(
-        mix64(p.noise + (std::uint64_t(t) + 1) * kGolden));
-    const float y = ((u[t] + e) - p.c) + p.slack;
-    if (!(y >= p.threshold)) continue;
+  for (std::size_t t = 0; t < n; ++t) {
+    const float y = ((u[t] + e[t]) - p.c) + p.slack;
+    if (!(y >= p.threshold && y < p.upper)) continue;
     float z = std::ceil(std::fma(y, p.level_scale, -1e-3f));
-    z = z < 0.0f ? 0.0f : (z > float(p.max_levels) ? float(p.max_levels) : z);
+    z = std::min(std::max(z, float(p.min_level)), float(p.max_level));
     idx[m] = std::uint32_t(t);
     lvl[m] = std::uint8_t(z);
     ++m;
@@ -74,36 +80,46 @@ CERTATTN_TARGET_AVX512 inline __m512i mix64_avx512(__m512i x) noexcept {
   return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
 }
 
+CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, std::size_t n,
+                                                          float* e) noexcept {
+  const __m512i golden8 = _mm512_set1_epi64(std::int64_t(8 * kGolden));
+  const __m512i key = _mm512_set1_epi64(std::int64_t(noise));
+  // h = key + (t + 1) golden for the 16 tokens t .. t + 15, advanced by adding 16 golden.
+  __m512i w0 = _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
+                                  _mm512_set1_epi64(std::int64_t(kGolden)));
+  __m512i w1 = _mm512_add_epi64(w0, golden8);
+  const __m512i step = _mm512_add_epi64(golden8, golden8);
+  std::size_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    const __m512i h0 = mix64_avx512(_mm512_add_epi64(key, w0));
+    const __m512i h1 = mix64_avx512(_mm512_add_epi64(key, w1));
+    _mm512_storeu_ps(e + t, exp1_upper_avx512(h0, h1));
+    w0 = _mm512_add_epi64(w0, step);
+    w1 = _mm512_add_epi64(w1, step);
+  }
+  // The tail through the scalar twin: token t + i hashes like i under key + t golden.
+  fill_exp1_upper_scalar(noise + std::uint64_t(t) * kGolden, n - t, e + t);
+}
+
 CERTATTN_TARGET_AVX512 inline std::size_t find_candidates_avx512(
-    const float* u, std::size_t pool_end, const candidate_params& p, std::uint32_t* idx,
-    std::uint8_t* lvl) noexcept {
+    const float* u, const float* e, std::size_t n, const candidate_params& p,
+    std::uint32_t* idx, std::uint8_t* lvl) noexcept {
   std::size_t m = 0;
-  const __m512i golden = _mm512_set1_epi64(std::int64_t(kGolden));
-  const __m512i lane_lo = _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1);  // token + 1
-  const __m512i key = _mm512_set1_epi64(std::int64_t(p.noise));
   const __m512 c = _mm512_set1_ps(p.c), slack = _mm512_set1_ps(p.slack);
-  const __m512 thr = _mm512_set1_ps(p.threshold), ls = _mm512_set1_ps(p.level_scale);
-  const __m512 jmax = _mm512_set1_ps(float(p.max_levels));
+  const __m512 thr = _mm512_set1_ps(p.threshold), up = _mm512_set1_ps(p.upper);
+  const __m512 ls = _mm512_set1_ps(p.level_scale);
+  const __m512 jmin = _mm512_set1_ps(float(p.min_level)), jmax = _mm512_set1_ps(float(p.max_level));
   const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   std::size_t t = 0;
-  for (; t + 16 <= pool_end; t += 16) {
-    const __m512 uu = _mm512_loadu_ps(u + t);
-    // Cheap pre-filter: E <= 36.8 always (53-bit uniforms), so tokens with
-    // u - c + 38 < threshold are never candidates and skip the hash.
-    const __m512 y0 = _mm512_add_ps(_mm512_sub_ps(_mm512_add_ps(uu, _mm512_set1_ps(38.0f)), c), slack);
-    if (_mm512_cmp_ps_mask(y0, thr, _CMP_GE_OQ) == 0) continue;
-    const __m512i base = _mm512_set1_epi64(std::int64_t(t));
-    const __m512i c0 = _mm512_add_epi64(base, lane_lo);
-    const __m512i c1 = _mm512_add_epi64(c0, _mm512_set1_epi64(8));
-    const __m512i h0 = mix64_avx512(_mm512_add_epi64(key, _mm512_mullo_epi64(c0, golden)));
-    const __m512i h1 = mix64_avx512(_mm512_add_epi64(key, _mm512_mullo_epi64(c1, golden)));
-    const __m512 e = exp1_upper_avx512(h0, h1);
-    const __m512 y = _mm512_add_ps(_mm512_sub_ps(_mm512_add_ps(uu, e), c), slack);
-    const __mmask16 keep = _mm512_cmp_ps_mask(y, thr, _CMP_GE_OQ);
+  for (; t + 16 <= n; t += 16) {
+    const __m512 y = _mm512_add_ps(
+        _mm512_sub_ps(_mm512_add_ps(_mm512_loadu_ps(u + t), _mm512_loadu_ps(e + t)), c), slack);
+    const __mmask16 keep =
+        _mm512_cmp_ps_mask(y, thr, _CMP_GE_OQ) & _mm512_cmp_ps_mask(y, up, _CMP_LT_OQ);
     if (keep == 0) continue;
     __m512 z = _mm512_roundscale_ps(_mm512_fmadd_ps(y, ls, _mm512_set1_ps(-1e-3f)),
                                     _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-    z = _mm512_min_ps(_mm512_max_ps(z, _mm512_setzero_ps()), jmax);
+    z = _mm512_min_ps(_mm512_max_ps(z, jmin), jmax);
     const __m512i zi = _mm512_cvttps_epi32(z);
     _mm512_mask_compressstoreu_epi32(idx + m, keep,
                                      _mm512_add_epi32(_mm512_set1_epi32(int(t)), lanes));
@@ -111,12 +127,7 @@ CERTATTN_TARGET_AVX512 inline std::size_t find_candidates_avx512(
                      _mm512_cvtepi32_epi8(_mm512_maskz_compress_epi32(keep, zi)));
     m += std::size_t(__builtin_popcount(keep));
   }
-  // The tail (fewer than 16 tokens) goes through the scalar twin.
-  const std::size_t tail = find_candidates_scalar(u + t, pool_end - t, [&] {
-    candidate_params q = p;
-    q.noise = p.noise + std::uint64_t(t) * kGolden;  // token t + i hashes like i
-    return q;
-  }(), idx + m, lvl + m);
+  const std::size_t tail = find_candidates_scalar(u + t, e + t, n - t, p, idx + m, lvl + m);
   for (std::size_t i = m; i < m + tail; ++i) idx[i] += std::uint32_t(t);
   return m + tail;
 }

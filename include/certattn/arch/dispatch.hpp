@@ -73,8 +73,10 @@ inline isa active_isa() noexcept {
 // GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsic headers (the
 // `__Y = __Y` idiom of _mm512_undefined_*) once they are inlined; the arch headers
 // silence that one false positive between these two markers.
-#define CERTATTN_ARCH_BEGIN \
-  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define CERTATTN_ARCH_BEGIN                                                \
+  _Pragma("GCC diagnostic push")                                           \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")          \
+          _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
 #define CERTATTN_ARCH_END _Pragma("GCC diagnostic pop")
 #else
 #define CERTATTN_ARCH_BEGIN

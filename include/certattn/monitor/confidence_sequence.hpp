@@ -122,14 +122,16 @@ inline slope_grid<K> make_slope_grid(double lambda0, Psi psi) {
   return g;
 }
 
-// Sub-Gaussian slopes run from 64 down to ~1e-8 (variances up to ~1e17 in p_min units);
-// sub-exponential slopes live in (0, 1) and start just below 1, where psi_E stays finite.
-inline constexpr std::size_t kGaussSlopes = 72;
+// Sub-Gaussian slopes run from 4 down to ~1e-8 (variances from ~1 to ~1e17 in p_min
+// units: below that the deterministic bounds already win); sub-exponential slopes live in
+// (0, 1) and start just below 1, where psi_E stays finite. Starting where the useful
+// slopes are keeps the stitching penalty s log(k + 1) small.
+inline constexpr std::size_t kGaussSlopes = 60;
 inline constexpr std::size_t kExpSlopes = 56;
 
 inline const slope_grid<kGaussSlopes>& gauss_grid() {
   static const auto g =
-      make_slope_grid<kGaussSlopes>(64.0, [](double l) { return 0.5 * l * l; });
+      make_slope_grid<kGaussSlopes>(4.0, [](double l) { return 0.5 * l * l; });
   return g;
 }
 inline const slope_grid<kExpSlopes>& exp_grid() {
@@ -141,9 +143,34 @@ inline const slope_grid<kExpSlopes>& exp_grid() {
 }
 
 /// The stitched boundary: with probability >= 1 - alpha, at every time, S < b(V) where S is
-/// the supermartingale's sum and V its variance process (both in scaled units).
+/// the supermartingale's sum and V its variance process (both in scaled units). Every
+/// slope gives a valid boundary, so the minimum may be taken over any subset of them: the
+/// scan is limited to a window around the slope sqrt(2 log(1/alpha) / V) that a single
+/// Gaussian boundary would pick (the per-slope boundary is unimodal in k and the window is
+/// wide enough to contain its minimum: tests/test_monitor_api.cpp checks it against the
+/// full scan).
 template <std::size_t K>
 inline double stitched_boundary(const slope_grid<K>& g, double v, double log_inv_alpha) noexcept {
+  constexpr std::ptrdiff_t kHalfWindow = 6;
+  // k with lambda_k ~ lambda*, i.e. k ~ 2 log2(lambda_0 / lambda*); lambda_0 = 1/inv_lambda[0].
+  std::ptrdiff_t centre = 0;
+  if (v > 0.0) {
+    const double lambda_star = std::sqrt(2.0 * (log_inv_alpha + g.log_iw[0]) / v);
+    const double k = 2.0 * std::log2(1.0 / (g.inv_lambda[0] * lambda_star));
+    centre = k <= 0.0 ? 0 : std::ptrdiff_t(std::min(k, double(K)));
+  }
+  const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, centre - kHalfWindow);
+  const std::ptrdiff_t hi = std::min<std::ptrdiff_t>(std::ptrdiff_t(K) - 1, centre + kHalfWindow);
+  double b = std::numeric_limits<double>::infinity();
+  for (std::ptrdiff_t k = lo; k <= hi; ++k)
+    b = std::min(b, (log_inv_alpha + g.log_iw[k] + g.psi[k] * v) * g.inv_lambda[k]);
+  return b;
+}
+
+/// The same minimum over every slope (the reference for the windowed scan).
+template <std::size_t K>
+inline double stitched_boundary_full(const slope_grid<K>& g, double v,
+                                     double log_inv_alpha) noexcept {
   double b = std::numeric_limits<double>::infinity();
   for (std::size_t k = 0; k < K; ++k)
     b = std::min(b, (log_inv_alpha + g.log_iw[k] + g.psi[k] * v) * g.inv_lambda[k]);
@@ -176,14 +203,14 @@ class confidence_sequence {
   /// A monitored call whose outcome is known now. Precondition: p in [p_min, 1], x in [0, 1].
   void add(double p, bool probed, double x = 0.0) noexcept {
     CERTATTN_ASSERT(p >= opt_.p_min && p <= 1.0);
+    CERTATTN_ASSERT(!probed || (x >= 0.0 && x <= 1.0));
     const double y = probed ? x / p : 0.0;
     count_monitored(p);
     sum_y_ += y;
     sum_y2_ += y * y;
     if (probed) observe_exact(x);
     if (opt_.betting) {
-      const double bet = current_bet();
-      bet_apply(bet, y * opt_.p_min, +1.0);
+      bet_multiply(bet_op::kResolved, current_bet(), y * opt_.p_min, p);
       bet_learn(y * opt_.p_min);
     }
   }
@@ -196,13 +223,14 @@ class confidence_sequence {
     pend_y_ += 1.0 / p;
     pend_y2_ += 1.0 / (p * p);
     ++open_;
-    if (opt_.betting) bet_apply_worst(t, +1.0);
+    if (opt_.betting) bet_multiply(bet_op::kOpen, t.bet, 0.0, p);
     return t;
   }
 
   /// The outcome x in [0, 1] of an open ticket.
   void close(const cs_ticket& t, double x) noexcept {
     CERTATTN_ASSERT(open_ > 0);
+    CERTATTN_ASSERT(x >= 0.0 && x <= 1.0);
     const double y = x / t.p;
     pend_y_ -= 1.0 / t.p;
     pend_y2_ -= 1.0 / (t.p * t.p);
@@ -212,8 +240,7 @@ class confidence_sequence {
     sum_y2_ += y * y;
     observe_exact(x);
     if (opt_.betting) {
-      bet_apply_worst(t, -1.0);
-      bet_apply(t.bet, y * opt_.p_min, +1.0);
+      bet_multiply(bet_op::kClose, t.bet, y * opt_.p_min, t.p);
       bet_learn(y * opt_.p_min);
     }
   }
@@ -255,7 +282,7 @@ class confidence_sequence {
     double lo_sum = 0.0, hi_sum = 0.0;  // bounds on sum_t x_t over the monitored calls
     if (monitored_ > 0) {
       if (e == cs_estimator::kBetting) {
-        const auto [lo, hi] = betting_rates(lia);
+        const auto [lo, hi] = betting_rates(alpha);
         lo_sum = lo * double(monitored_);
         hi_sum = hi * double(monitored_);
       } else {
@@ -310,7 +337,12 @@ class confidence_sequence {
   // with l-(m) = min(bet, c/(1-m)), l+(m) = min(bet, c/m), c = 1/2, so every factor is
   // >= 1/2. Both are nonnegative martingales when E[y_t | past] = m for every t: a constant
   // mean. That assumption is exactly what drift breaks.
+  //
+  // Capitals are kept as mantissa * 2^exponent and multiplied directly (no log per factor):
+  // a factor lies in [1/2, 1 + bet] and bet <= sqrt(8 log(1/alpha) / log 2) < 93 for every
+  // double alpha > 0, so 32 factors between renormalisations stay within 2^(+-210).
   static constexpr double kBetCap = 0.5;
+  static constexpr int kRenormEvery = 32;
 
   void init_betting() {
     const std::size_t g = opt_.betting_grid;
@@ -318,8 +350,10 @@ class confidence_sequence {
     m_.resize(g);
     cap_hi_.resize(g);
     cap_lo_.resize(g);
-    log_k_hi_.assign(g, 0.0);
-    log_k_lo_.assign(g, 0.0);
+    k_hi_.assign(g, 1.0);
+    k_lo_.assign(g, 1.0);
+    e_hi_.assign(g, 0);
+    e_lo_.assign(g, 0);
     for (std::size_t j = 0; j < g; ++j) {
       // Quadratic spacing: resolution ~ 2 sqrt(rate) / g, finest where rates live.
       const double u = double(j) / double(g - 1);
@@ -344,40 +378,73 @@ class confidence_sequence {
     const double mu = (0.5 + bet_sum_) / double(bet_n_ + 1);
     bet_dev2_ += (y - mu) * (y - mu);
   }
-  void bet_apply(double bet, double y, double sign) noexcept {
+
+  // The capital of an open probe is multiplied by its smallest possible factor (y = 1/p,
+  // x = 1, for K-; y = 0 for K+); closing divides that out and multiplies the actual one.
+  // Raw loops over the arrays: this is the O(grid) part of every call.
+  enum class bet_op { kResolved, kOpen, kClose };
+
+  void bet_multiply(bet_op op, double bet, double y, double p) noexcept {
     const std::size_t g = m_.size();
+    const double* m = m_.data();
+    const double* ch = cap_hi_.data();
+    const double* cl = cap_lo_.data();
+    double* kh = k_hi_.data();
+    double* kl = k_lo_.data();
+    const double y_max = opt_.p_min / p;
     for (std::size_t j = 0; j < g; ++j) {
-      log_k_hi_[j] += sign * std::log1p(-std::min(bet, cap_hi_[j]) * (y - m_[j]));
-      log_k_lo_[j] += sign * std::log1p(std::min(bet, cap_lo_[j]) * (y - m_[j]));
+      const double lh = bet < ch[j] ? bet : ch[j];
+      const double ll = bet < cl[j] ? bet : cl[j];
+      switch (op) {
+        case bet_op::kResolved:
+          kh[j] *= 1.0 - lh * (y - m[j]);
+          kl[j] *= 1.0 + ll * (y - m[j]);
+          break;
+        case bet_op::kOpen:
+          kh[j] *= 1.0 - lh * (y_max - m[j]);
+          kl[j] *= 1.0 - ll * m[j];
+          break;
+        case bet_op::kClose:
+          kh[j] *= (1.0 - lh * (y - m[j])) / (1.0 - lh * (y_max - m[j]));
+          kl[j] *= (1.0 + ll * (y - m[j])) / (1.0 - ll * m[j]);
+          break;
+      }
+    }
+    if (++bet_ops_ >= kRenormEvery) {
+      bet_ops_ = 0;
+      for (std::size_t j = 0; j < g; ++j) {
+        int e;
+        kh[j] = std::frexp(kh[j], &e);
+        e_hi_[j] += e;
+        kl[j] = std::frexp(kl[j], &e);
+        e_lo_[j] += e;
+      }
     }
   }
-  /// The smallest capital an open probe can end with: y = 1/p (x = 1) for K-, y = 0 for K+.
-  void bet_apply_worst(const cs_ticket& t, double sign) noexcept {
-    const double y_max = opt_.p_min / t.p;
-    const std::size_t g = m_.size();
-    for (std::size_t j = 0; j < g; ++j) {
-      log_k_hi_[j] += sign * std::log1p(-std::min(t.bet, cap_hi_[j]) * (y_max - m_[j]));
-      log_k_lo_[j] += sign * std::log1p(-std::min(t.bet, cap_lo_[j]) * m_[j]);
-    }
+
+  /// Capital >= 1/alpha, without taking logs: k 2^e >= 1/alpha iff k >= 2^-e / alpha.
+  static bool rejects(double k, std::int64_t e, double inv_alpha) noexcept {
+    const std::int64_t ec = std::clamp<std::int64_t>(e, -100000, 100000);
+    return k >= std::ldexp(inv_alpha, int(-ec));
   }
+
   /// [lower, upper] rate over the monitored calls: the grid points next to the outermost
   /// candidates not rejected.
-  std::pair<double, double> betting_rates(double lia) const noexcept {
+  std::pair<double, double> betting_rates(double alpha) const noexcept {
     const std::size_t g = rate_.size();
-    double lo = 0.0, hi = 1.0;
+    const double ia = 1.0 / alpha;
+    double lo = 1.0, hi = 0.0;  // if every candidate is rejected the sequence is empty
     for (std::size_t j = g; j-- > 0;) {
-      if (log_k_hi_[j] < lia) {
+      if (!rejects(k_hi_[j], e_hi_[j], ia)) {
         hi = j + 1 < g ? rate_[j + 1] : 1.0;
         break;
       }
-      hi = 0.0;  // every candidate rejected: the sequence is empty (misspecified)
     }
     for (std::size_t j = 0; j < g; ++j) {
-      if (log_k_lo_[j] < lia) {
+      if (!rejects(k_lo_[j], e_lo_[j], ia)) {
         lo = j > 0 ? rate_[j - 1] : 0.0;
         break;
       }
-      lo = 1.0;
     }
     return {lo, hi};
   }
@@ -391,9 +458,11 @@ class confidence_sequence {
   double drop_y_ = 0.0, drop_y2_ = 0.0;// worst case of the abandoned ones, kept for good
   double v_hoeffding_ = 0.0;           // sum 1/(4 p_t^2)
 
-  std::vector<double> rate_, m_, cap_hi_, cap_lo_, log_k_hi_, log_k_lo_;
+  std::vector<double> rate_, m_, cap_hi_, cap_lo_, k_hi_, k_lo_;
+  std::vector<std::int64_t> e_hi_, e_lo_;
   double bet_log_ = 0.0, bet_sum_ = 0.0, bet_dev2_ = 0.0;
   std::uint64_t bet_n_ = 0;
+  int bet_ops_ = 0;
 };
 
 }  // namespace certattn

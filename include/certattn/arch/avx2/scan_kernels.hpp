@@ -21,6 +21,7 @@ CERTATTN_TARGET_AVX2 inline void scan_group(const std::uint8_t* codes, const std
                                             const block_query_prep* prep, float* u,
                                             std::size_t u_stride) noexcept {
   __m256i acc[NQ][2];
+  _Pragma("GCC unroll 8")
   for (int g = 0; g < NQ; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -30,6 +31,7 @@ CERTATTN_TARGET_AVX2 inline void scan_group(const std::uint8_t* codes, const std
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + o * 64 + h * 32));
       const __m256i lo = _mm256_and_si256(x, mask);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+      _Pragma("GCC unroll 8")
       for (int g = 0; g < NQ; ++g) {
         std::int32_t wl, wh;
         std::memcpy(&wl, qa + g * padded_dim + 8 * o, 4);
@@ -45,6 +47,7 @@ CERTATTN_TARGET_AVX2 inline void scan_group(const std::uint8_t* codes, const std
     std::int64_t rb8;
     std::memcpy(&rb8, rho + h * 8, 8);
     const __m256 rb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(rb8)));
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < NQ; ++g) {
       const __m256 r =
           _mm256_fmadd_ps(_mm256_set1_ps(prep[g].alpha), _mm256_cvtepi32_ps(acc[g][h]),

@@ -22,12 +22,14 @@ CERTATTN_TARGET_AVX512 inline void scan_group(const std::uint8_t* codes, const s
                                               const block_query_prep* prep, float* u,
                                               std::size_t u_stride) noexcept {
   __m512i acc[NQ];
+  _Pragma("GCC unroll 8")
   for (int g = 0; g < NQ; ++g) acc[g] = _mm512_setzero_si512();
   const __m512i mask = _mm512_set1_epi8(0x0F);
   for (std::size_t o = 0; o < n_oct; ++o) {
     const __m512i x = _mm512_loadu_si512(codes + o * 64);
     const __m512i lo = _mm512_and_si512(x, mask);
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < NQ; ++g) {
       std::int32_t wl, wh;
       std::memcpy(&wl, qa + g * padded_dim + 8 * o, 4);
@@ -38,6 +40,7 @@ CERTATTN_TARGET_AVX512 inline void scan_group(const std::uint8_t* codes, const s
   }
   const __m512 rb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
       reinterpret_cast<const __m128i*>(rho))));
+  _Pragma("GCC unroll 8")
   for (int g = 0; g < NQ; ++g) {
     const __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(prep[g].alpha), _mm512_cvtepi32_ps(acc[g]),
                                      _mm512_set1_ps(prep[g].offset));
