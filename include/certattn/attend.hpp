@@ -457,8 +457,8 @@ struct detail_attend {
   // ---- stage: fallback ----------------------------------------------------------------
   /// Exact attention for one head (no level certified): every key and value, in double.
   template <kv_view KV>
-  static void exact_head(const KV& kv, const float* q, double scale, double c, float* out,
-                         attend_workspace& ws, isa which) noexcept {
+  static double exact_head(const KV& kv, const float* q, double scale, double c, float* out,
+                           attend_workspace& ws, isa which) noexcept {
     const std::size_t n = kv.size(), d = ws.d_;
     std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
     double den = 0.0;
@@ -468,6 +468,7 @@ struct detail_attend {
       add_value(kv.value(t), d, w, ws.exact_num_.data());
     }
     for (std::size_t i = 0; i < d; ++i) out[i] = float(ws.exact_num_[i] / den);
+    return den;
   }
 
   // ---- the call, stage by stage -------------------------------------------------------
@@ -555,6 +556,8 @@ struct detail_attend {
       if (pool_end == xs.size()) {  // no pool: window and exact set are everything
         for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.window_num_[i] / window_weight);
         cert.certified = cert.exact = true;
+        cert.max_score = c;
+        cert.denominator = window_weight;
         done = true;
       } else {
         clock.lap(stats.stage_seconds[2]);
@@ -594,6 +597,8 @@ struct detail_attend {
             cert.bound = lr.bound;
             cert.beta = lr.beta;
             cert.scale_value = lr.scale_value;
+            cert.max_score = c;
+            cert.denominator = lr.d_hat;
             cert.heavy = st.heavy;
             cert.sampled = st.light_count;
             done = true;
@@ -604,7 +609,8 @@ struct detail_attend {
       stats.candidates += pool_end > xs.size() ? m : 0;
       if (!done) {
         if (ws.record_) ws.recorded_[g].clear();
-        exact_head(kv, q, scale, c, o, ws, which);
+        cert.denominator = exact_head(kv, q, scale, c, o, ws, which);
+        cert.max_score = c;
         cert.exact = true;
         cert.level = -1;
         st.keys_read = n;

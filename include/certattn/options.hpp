@@ -97,6 +97,8 @@ struct certificate {
                                 //   beta / scale_value, or dD / D_lo on the denominator scale
   double beta = 0.0;            // absolute bound on ||o^ - o||
   double scale_value = 0.0;     // D_lo, ||o^|| - beta or M_lo
+  double max_score = 0.0;       // c: weights are w_i = exp(s_i - c)
+  double denominator = 0.0;     // D^ at the stopping level (exact D when exact)
   std::size_t heavy = 0;        // pool keys with w_i >= tau (read exactly, exact weight)
   std::size_t sampled = 0;      // light pool keys in the sample (weight tau)
   std::size_t keys_read = 0;    // keys whose exact 16-bit row was read (window included)

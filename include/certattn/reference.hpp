@@ -161,6 +161,8 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       cert.bound = lr.bound;
       cert.beta = lr.beta;
       cert.scale_value = lr.scale_value;
+      cert.max_score = c;
+      cert.denominator = lr.d_hat;
       cert.heavy = heavy;
       cert.sampled = sums.light_count;
       // The reference reads every key; it reports what an exact candidate generator
@@ -178,6 +180,8 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   res.cert.certified = pool_end == res.exact_set;  // an empty pool: exact, trivially certified
   res.cert.exact = true;
   res.cert.level = -1;
+  res.cert.max_score = c;
+  res.cert.denominator = ex.denominator;
   res.cert.keys_read = n;
   res.cert.values_read = n;
   res.cert.bytes_read = 2 * n * d * sizeof(T);
