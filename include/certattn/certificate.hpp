@@ -26,6 +26,11 @@ struct count_interval {
 namespace detail {
 /// f(mu) = mu h(k/mu) = k ln(k/mu) - k + mu, convex in mu, 0 at mu = k.
 inline double chernoff_rate(double k, double mu) noexcept {
+  // Near mu = k the direct form cancels (k ln(k/mu) against mu - k): use log1p there.
+  if (mu > 0.5 * k && mu < 2.0 * k) {
+    const double x = (mu - k) / k;
+    return k * (x - std::log1p(x));
+  }
   return k * std::log(k / mu) - k + mu;
 }
 }  // namespace detail

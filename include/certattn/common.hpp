@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -48,6 +49,23 @@ inline double to_double(T x) noexcept {
     return x;
   else
     return static_cast<double>(static_cast<float>(x));
+}
+
+/// The smallest float >= x (bit arithmetic: no libm call on the scan's hot path).
+inline float round_up_to_float(double x) noexcept {
+  float f = static_cast<float>(x);
+  if (static_cast<double>(f) < x) {
+    std::uint32_t b;
+    std::memcpy(&b, &f, 4);
+    if (f == 0.0f)
+      b = 1u;  // the smallest positive subnormal
+    else if (f > 0.0f)
+      ++b;
+    else
+      --b;
+    std::memcpy(&f, &b, 4);
+  }
+  return f;
 }
 
 namespace detail {

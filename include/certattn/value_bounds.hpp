@@ -24,12 +24,6 @@
 
 namespace certattn {
 
-/// The float nearest above x (x itself when representable): a float that bounds x.
-inline float round_up_to_float(double x) noexcept {
-  float f = static_cast<float>(x);
-  if (static_cast<double>(f) < x) f = std::nextafter(f, std::numeric_limits<float>::infinity());
-  return f;
-}
 
 /// ||v - center|| in double, rounded up to float. An empty centre is the origin.
 template <cache_element T>
@@ -60,16 +54,29 @@ inline std::vector<float> value_mean(matrix_view<T> values, std::size_t count) {
   return center;
 }
 
-/// The cap on ||v - g|| above which a token joins the exact set: value_cap_factor times the
-/// 99th percentile of the given distances; +inf (no exact set) for fewer than
-/// kMinTokensForCap distances, where the percentile means little.
+/// The cap on ||v - g|| above which a token joins the exact set: kValueCapFactor times the
+/// 99th percentile of the given distances, raised if needed so that at most
+/// max_exact_set(n) tokens exceed it (the exact set is read at every call); +inf (no exact
+/// set) for fewer than kMinTokensForCap distances, where the percentile means little.
+/// The limit trades reads for R: 64 tokens, or 1/256 of the cache when that is more, so
+/// that a fixed fraction of outliers (as in the synthetic caches: 0.27%) stays out of R
+/// at every context length instead of making R, and the sample, grow with n.
 inline constexpr double kValueCapFactor = 1.5;
 inline constexpr std::size_t kMinTokensForCap = 256;
+inline constexpr std::size_t max_exact_set(std::size_t n) noexcept {
+  return n / 256 > 64 ? n / 256 : 64;
+}
 inline float value_cap_from(std::vector<float> dists) {
-  if (dists.size() < kMinTokensForCap) return std::numeric_limits<float>::infinity();
-  const std::size_t k = dists.size() * 99 / 100;
+  const std::size_t n = dists.size();
+  if (n < kMinTokensForCap) return std::numeric_limits<float>::infinity();
+  const std::size_t k = n * 99 / 100;
   std::nth_element(dists.begin(), dists.begin() + std::ptrdiff_t(k), dists.end());
-  return round_up_to_float(kValueCapFactor * double(dists[k]));
+  double cap = kValueCapFactor * double(dists[k]);
+  // The (limit + 1)-th largest distance: at most `limit` lie strictly above it.
+  const std::size_t top = n - max_exact_set(n) - 1;
+  std::nth_element(dists.begin(), dists.begin() + std::ptrdiff_t(top), dists.end());
+  cap = std::max(cap, double(dists[top]));
+  return round_up_to_float(cap);
 }
 
 }  // namespace certattn

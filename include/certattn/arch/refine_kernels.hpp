@@ -44,7 +44,7 @@ inline float prepare_refine_block(const float* q, const float* lo, const float* 
   // The dot's float rounding, a's rounding, and the double sums (also those of the
   // reference's exact score, below 2^-45 of sum |q lo| + 256 sum |a|).
   const double margin = double(padded_dim + 64) * 0x1p-23 * 256.0 * abs_a + 0x1p-40 * abs_ql;
-  return round_up_f((c + margin) * (1.0 + 0x1p-40) + 1e-30);
+  return round_up_to_float((c + margin) * (1.0 + 0x1p-40) + 1e-30);
 }
 
 /// sum a code in 16 lanes (the scalar twin of the vector kernels).

@@ -29,13 +29,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include <certattn/common.hpp>
+
 namespace certattn::detail {
 
-inline float round_up_f(double x) noexcept {
-  float f = static_cast<float>(x);
-  if (static_cast<double>(f) < x) f = std::nextafter(f, 3.4e38f);
-  return f;
-}
+
 
 struct block_query_prep {
   float alpha = 0.0f;   // scale * alpha, multiplies float(dot)
@@ -60,9 +58,10 @@ inline block_query_prep finish_prep(float alpha, double scale, double sum_ql, do
   const double mag = sum_qlabs + 32.0 * sum_abs;
   out.alpha = static_cast<float>(scale * double(alpha));
   // scale > 0; each product is not followed by an addition, so no contraction applies.
-  out.offset = round_up_f(scale * (c + mag * 0x1p-20));
-  out.holder = round_up_f(scale * (0.5 * sum_abs) * (1.0 + 0x1p-40));
-  out.norm = round_up_f(scale * std::sqrt(sum_a2) * (1.0 + 0x1p-40) * rho_step(padded_dim));
+  out.offset = round_up_to_float(scale * (c + mag * 0x1p-20));
+  out.holder = round_up_to_float(scale * (0.5 * sum_abs) * (1.0 + 0x1p-40));
+  // sum_a2 carries at most 2^-50 relative rounding: the 2^-40 inflation covers it.
+  out.norm = round_up_to_float(scale * std::sqrt(sum_a2) * (1.0 + 0x1p-40) * rho_step(padded_dim));
   return out;
 }
 
@@ -84,7 +83,7 @@ __attribute__((always_inline)) inline block_query_prep prepare_block_query(
   if (amax == 0.0) {
     std::memset(qa, 0, padded_dim);
   }
-  const float alpha = amax > 0.0 ? round_up_f(amax / 127.0) : 0.0f;
+  const float alpha = amax > 0.0 ? round_up_to_float(amax / 127.0) : 0.0f;
   const double inv = amax > 0.0 ? 1.0 / double(alpha) : 0.0;
   // Pass 2: quantize, and the lane sums.
   double sum_ql[8] = {}, sum_a[8] = {}, sum_epos[8] = {}, sum_abs[8] = {}, sum_qlabs[8] = {},
@@ -97,14 +96,12 @@ __attribute__((always_inline)) inline block_query_prep prepare_block_query(
       double r = std::nearbyint(a * inv);
       r = std::clamp(r, -127.0, 127.0);
       if (amax > 0.0) qa[i] = static_cast<std::int8_t>(r);
-      const double e = a - double(alpha) * r;  // alpha * r is exact
+      const double e = std::fma(-double(alpha), r, a);  // alpha * r is exact
       sum_ql[l] += ql;
       sum_qlabs[l] += std::fabs(ql);
       sum_a[l] += a;
       sum_abs[l] += std::fabs(a);
-      // |a| rounded up to float: its square is exact in double (no contraction issue).
-      const double af = double(round_up_f(std::fabs(a)));
-      sum_a2[l] += af * af;
+      sum_a2[l] = std::fma(a, a, sum_a2[l]);  // fused in every kernel: the same bits
       sum_epos[l] += std::max(e, 0.0);
     }
   }

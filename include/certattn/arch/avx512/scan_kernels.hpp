@@ -65,7 +65,7 @@ CERTATTN_TARGET_AVX512 inline block_query_prep prepare_block_query_avx512(
   const double amax = _mm512_reduce_max_pd(amax_v);
   block_query_prep out;
   if (amax == 0.0) std::memset(qa, 0, padded_dim);
-  const float alpha = amax > 0.0 ? round_up_f(amax / 127.0) : 0.0f;
+  const float alpha = amax > 0.0 ? round_up_to_float(amax / 127.0) : 0.0f;
   const double inv = amax > 0.0 ? 1.0 / double(alpha) : 0.0;
   const __m512d vinv = _mm512_set1_pd(inv), valpha = _mm512_set1_pd(double(alpha));
   const __m512d lim = _mm512_set1_pd(127.0), zero = _mm512_setzero_pd();
@@ -82,14 +82,12 @@ CERTATTN_TARGET_AVX512 inline block_query_prep prepare_block_query_avx512(
       const __m128i rb = _mm256_cvtepi32_epi8(ri);
       std::memcpy(qa + o, &rb, 8);
     }
-    const __m512d e = _mm512_sub_pd(a, _mm512_mul_pd(valpha, r));
+    const __m512d e = _mm512_fnmadd_pd(valpha, r, a);
     s_ql = _mm512_add_pd(s_ql, ql);
     s_qlabs = _mm512_add_pd(s_qlabs, _mm512_abs_pd(ql));
     s_a = _mm512_add_pd(s_a, a);
     s_abs = _mm512_add_pd(s_abs, _mm512_abs_pd(a));
-    const __m512d af = _mm512_cvtps_pd(
-        _mm512_cvt_roundpd_ps(_mm512_abs_pd(a), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
-    s_a2 = _mm512_add_pd(s_a2, _mm512_mul_pd(af, af));
+    s_a2 = _mm512_fmadd_pd(a, a, s_a2);
     s_epos = _mm512_add_pd(s_epos, _mm512_max_pd(e, zero));
   }
   alignas(64) double l_ql[8], l_qlabs[8], l_a[8], l_abs[8], l_epos[8], l_a2[8];
