@@ -71,7 +71,8 @@ TEST_P(ScanTest, BoundsHoldAndKernelsAgree) {
     }
   const double scale = 1.0 / std::sqrt(double(p.head_dim));
   const std::size_t nb = idx.blocks();
-  const std::size_t stride = nb * 128;
+  const std::size_t B = certattn::key_index::kBlockTokens;
+  const std::size_t stride = nb * B;
 
   std::vector<std::vector<float>> results;
   for (certattn::isa a : {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
@@ -101,7 +102,7 @@ TEST_P(ScanTest, BoundsHoldAndKernelsAgree) {
             << "isa " << certattn::to_string(a) << " g " << g << " token " << t;
       for (std::size_t b = 0; b < nb; ++b) {
         float m = -INFINITY;
-        for (std::size_t t = b * 128; t < std::min(p.n, b * 128 + 128); ++t) m = std::max(m, u[g * stride + t]);
+        for (std::size_t t = b * B; t < std::min(p.n, b * B + B); ++t) m = std::max(m, u[g * stride + t]);
         ASSERT_EQ(bmax[g * nb + b], m);
       }
     }

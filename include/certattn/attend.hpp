@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <span>
 #include <string>
@@ -54,6 +55,10 @@ struct group_stats {
 };
 
 namespace detail {
+/// Largest max(1, softmax_scale) * ||q||_1 * max|k| a certified call accepts: the float
+/// score bounds keep a margin of 2^28 below FLT_MAX (real scores are below 2^10).
+inline constexpr double kMaxScoreMagnitude = 0x1p100;
+
 #ifdef CERTATTN_PROFILE_STAGES
 struct stage_clock {
   std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
@@ -317,8 +322,14 @@ struct detail_attend {
     const std::size_t b = t / key_index::kBlockTokens, dp = idx.padded_dim();
     float* a = ws.refine_a_.data() + b * dp;
     if (!ws.refine_ready_[b]) {
-      ws.refine_offset_[b] =
-          detail::prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
+#if CERTATTN_X86
+      if (which == isa::kAvx512Vnni)
+        ws.refine_offset_[b] =
+            detail::prepare_refine_block_avx512(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
+      else
+#endif
+        ws.refine_offset_[b] =
+            detail::prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
       ws.refine_ready_[b] = 1;
     }
     return scale * detail::refine8_bound(a, ws.refine_offset_[b], idx.codes8(t), dp, which);
@@ -378,7 +389,7 @@ struct detail_attend {
                                isa which) noexcept {
     ++st.refined;
     const double u8 = refine8(idx, t, qpad, scale, ws, which);
-    const double x8 = (u8 - c) + double(pert.exp1_upper(t));
+    const double x8 = (u8 - c) + double(ws.e_up_[t]);  // == pert.exp1_upper(t)
     const int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0),
                                   opt.grid_ratio, opt.max_levels);
     if (l8 > opt.max_levels) return false;
@@ -681,6 +692,21 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
   if (opt.window > 64) throw error("options.window must be <= 64 for attend_group");
   for (float x : queries)
     if (!std::isfinite(x)) throw error("queries contain a NaN or Inf");
+  // The score bounds run in float. Scores beyond any real model's would overflow them
+  // (and lose candidates), so such inputs are refused rather than certified wrongly.
+  const double score_scale = std::max(1.0, opt.effective_softmax_scale(d));
+  for (std::size_t g = 0; g < group; ++g) {
+    double l1 = 0.0;
+    for (std::size_t i = 0; i < d; ++i) l1 += std::fabs(double(queries[g * d + i]));
+    const double magnitude = l1 * double(idx.max_abs_key()) * score_scale;
+    if (!(magnitude <= detail::kMaxScoreMagnitude)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3g", magnitude);
+      throw error("queries: head " + std::to_string(g) +
+                  ": max(1, softmax_scale) * ||q||_1 * max|key| = " + buf +
+                  " exceeds 2^100: scores this large overflow the float score bounds");
+    }
+  }
 
   detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws);
 }

@@ -129,6 +129,15 @@ struct level_result {
   bool certified = false;
 };
 
+namespace detail {
+/// beta / scale; a zero bound on a zero scale (all values zero: o^ = o exactly) is 0, not
+/// 0/0 or +inf, so that a certified level never reports a non-finite bound.
+inline double relative_bound(double beta, double scale) noexcept {
+  if (scale > 0.0) return beta / scale;
+  return beta == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+}
+}  // namespace detail
+
 /// Certificate of one level. Writes o^ = N^/D^ into o_hat and uses c0 as scratch (both
 /// [head_dim]). Does not allocate.
 inline level_result certify_level(const level_sums& s, const value_radius& radius,
@@ -186,13 +195,12 @@ inline level_result certify_level(const level_sums& s, const value_radius& radiu
       break;
     case error_scale::kOutputNorm:
       r.scale_value = r.o_hat_norm - r.beta;
-      r.bound = r.scale_value > 0.0 ? r.beta / r.scale_value
-                                    : std::numeric_limits<double>::infinity();
+      r.bound = detail::relative_bound(r.beta, r.scale_value);
       r.certified = r.d_lo > 0.0 && r.beta <= eps * r.scale_value;
       break;
     case error_scale::kValueScale:
       r.scale_value = r.m_lo;
-      r.bound = r.m_lo > 0.0 ? r.beta / r.m_lo : std::numeric_limits<double>::infinity();
+      r.bound = detail::relative_bound(r.beta, r.m_lo);
       r.certified = r.d_lo > 0.0 && r.beta <= eps * r.m_lo;
       break;
   }

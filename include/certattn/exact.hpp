@@ -63,8 +63,13 @@ inline std::vector<double> exact_scores(std::span<const Q> q, matrix_view<T> key
   std::vector<float> qf(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) qf[i] = float(q[i]);
   std::vector<double> s(keys.rows);
-  for (std::size_t t = 0; t < keys.rows; ++t)
+  for (std::size_t t = 0; t < keys.rows; ++t) {
     s[t] = softmax_scale * detail::score_dot(qf.data(), keys.row(t), keys.cols);
+    // exp(s - max s) would be NaN: refuse rather than return a silent NaN.
+    if (!std::isfinite(s[t]))
+      throw error("scores overflow: softmax_scale * q.k is not finite in double (token " +
+                  std::to_string(t) + ")");
+  }
   return s;
 }
 

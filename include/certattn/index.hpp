@@ -29,10 +29,9 @@ namespace certattn {
 /// high nibbles: two dpbusd per query per load, no horizontal sums.
 class key_index {
  public:
-  static constexpr std::size_t kBlockTokens = 128;
-  static constexpr std::size_t kGroupTokens = 16;
-  static constexpr std::size_t kGroupsPerBlock = kBlockTokens / kGroupTokens;
-  static_assert(kBlockTokens % kGroupTokens == 0);
+  static constexpr std::size_t kBlockTokens = detail::kBlockTokens;
+  static constexpr std::size_t kGroupTokens = detail::kGroupTokens;
+  static constexpr std::size_t kGroupsPerBlock = detail::kGroupsPerBlock;
 
   key_index() = default;
   explicit key_index(std::size_t head_dim) : d_(head_dim), dp_((head_dim + 7) / 8 * 8) {
@@ -62,13 +61,16 @@ class key_index {
   template <kv_view KV>
   void build(const KV& kv) {
     check_dim(kv);
+    // Check every row first: a build that throws leaves the index as it was.
+    const std::size_t n = kv.size();
+    float kmax = 0.0f;
+    for (std::size_t t = 0; t < n; ++t) kmax = std::max(kmax, check_row(kv, t));
     n_ = 0;
     codes4_.clear();
     codes8_.clear();
     rho_.clear();
     scales_.clear();
-    const std::size_t n = kv.size();
-    for (std::size_t t = 0; t < n; ++t) check_row(kv, t);
+    max_abs_key_ = kmax;
     built_ = true;
     const std::size_t nb = (n + kBlockTokens - 1) / kBlockTokens;
     resize_blocks(nb);
@@ -92,7 +94,7 @@ class key_index {
     if (kv.size() <= position)
       throw error("append position (" + std::to_string(position) + ") >= kv.size() (" +
                   std::to_string(kv.size()) + ")");
-    check_row(kv, position);
+    max_abs_key_ = std::max(max_abs_key_, check_row(kv, position));
     const std::size_t b = position / kBlockTokens;
     if (position % kBlockTokens == 0) resize_blocks(b + 1);
     n_ = position + 1;
@@ -154,6 +156,10 @@ class key_index {
     return double(m);
   }
 
+  /// max |k| over every indexed key element: the certified call checks with it that the
+  /// scores stay within the range its float bounds can represent.
+  float max_abs_key() const noexcept { return max_abs_key_; }
+
   /// Bytes held by the index (capacity excluded).
   std::size_t memory_bytes() const noexcept {
     return codes4_.size() + codes8_.size() + rho_.size() +
@@ -170,16 +176,20 @@ class key_index {
       throw error("kv.head_dim() (" + std::to_string(kv.head_dim()) +
                   ") != key_index head_dim (" + std::to_string(d_) + ")");
   }
+  /// Throws on a NaN or Inf in token t's key or value; returns max |k| of its key.
   template <kv_view KV>
-  void check_row(const KV& kv, std::size_t t) const {
+  float check_row(const KV& kv, std::size_t t) const {
     const auto* k = kv.key(t);
     const auto* v = kv.value(t);
+    float kmax = 0.0f;
     for (std::size_t i = 0; i < d_; ++i) {
       if (!std::isfinite(to_float(k[i])))
         throw error("keys: token " + std::to_string(t) + " has a NaN or Inf");
       if (!std::isfinite(to_float(v[i])))
         throw error("values: token " + std::to_string(t) + " has a NaN or Inf");
+      kmax = std::max(kmax, std::fabs(to_float(k[i])));
     }
+    return kmax;
   }
 
   void resize_blocks(std::size_t nb) {
@@ -304,6 +314,7 @@ class key_index {
 
   std::size_t d_ = 0, dp_ = 0, n_ = 0, next_refresh_ = 0;
   bool built_ = false;
+  float max_abs_key_ = 0.0f;
   float cap_ = std::numeric_limits<float>::infinity();
   std::vector<std::uint32_t> exact_;      // the exact set: tokens with dist_ > cap_
   std::vector<std::uint8_t> codes4_;      // [blocks][groups][octets][64]

@@ -9,9 +9,10 @@
 
 namespace certattn {
 
-/// ln tau_j = -j ln2 / r. tau_0 = 1 and each r levels halve tau.
+/// ln tau_j = -j (ln2 / r). tau_0 = 1 and each r levels halve tau. Every path computes
+/// the grid with this one expression, so all of them compare against the same doubles.
 inline double ln_tau(int level, int grid_ratio) noexcept {
-  return -double(level) * std::numbers::ln2 / double(grid_ratio);
+  return -double(level) * (std::numbers::ln2 / double(grid_ratio));
 }
 inline double tau_of(int level, int grid_ratio) noexcept {
   return std::exp(ln_tau(level, grid_ratio));
@@ -33,11 +34,13 @@ inline bool in_sample(double score_minus_c, double e, double ln_tau_j) noexcept 
 /// closed form is corrected by the same comparison in_sample() uses.
 inline int earliest_level(double x, int grid_ratio, int max_levels) noexcept {
   if (x >= 0.0) return 0;
-  if (!(x >= ln_tau(max_levels, grid_ratio))) return max_levels + 1;
-  int j = int(std::ceil(-x * double(grid_ratio) / std::numbers::ln2));
+  const double step = std::numbers::ln2 / double(grid_ratio);  // one division, not four
+  auto grid = [step](int j) { return -double(j) * step; };      // == ln_tau(j, grid_ratio)
+  if (!(x >= grid(max_levels))) return max_levels + 1;
+  int j = int(std::ceil(-x / step));  // a guess; the comparisons below decide
   j = std::clamp(j, 0, max_levels);
-  while (j > 0 && x >= ln_tau(j - 1, grid_ratio)) --j;
-  while (j <= max_levels && !(x >= ln_tau(j, grid_ratio))) ++j;
+  while (j > 0 && x >= grid(j - 1)) --j;
+  while (j <= max_levels && !(x >= grid(j))) ++j;
   return j;
 }
 

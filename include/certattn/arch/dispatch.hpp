@@ -5,6 +5,9 @@
 #pragma once
 
 #include <atomic>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 #include <string_view>
 
 namespace certattn {
@@ -24,21 +27,35 @@ inline std::string_view to_string(isa a) noexcept {
   return "?";
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+namespace detail {
+/// CPUID + XGETBV rather than __builtin_cpu_supports: clang 14 rejects the "avx512vnni"
+/// and "f16c" feature strings, and the OS must also have enabled the register state.
+inline isa detect_isa_cpuid() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return isa::kScalar;
+  auto bit = [](unsigned r, int i) { return ((r >> i) & 1u) != 0; };
+  const bool fma = bit(c, 12), osxsave = bit(c, 27), avx = bit(c, 28), f16c = bit(c, 29);
+  if (!(osxsave && avx && fma && f16c)) return isa::kScalar;
+  unsigned xlo = 0, xhi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  (void)xhi;
+  if ((xlo & 0x6u) != 0x6u) return isa::kScalar;  // XMM and YMM state
+  if (__get_cpuid_max(0, nullptr) < 7) return isa::kScalar;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = bit(b, 5);
+  const bool avx512 = bit(b, 16) && bit(b, 17) && bit(b, 30) && bit(b, 31);  // F DQ BW VL
+  const bool vnni = bit(c, 11);
+  if (avx512 && vnni && (xlo & 0xE6u) == 0xE6u) return isa::kAvx512Vnni;  // + opmask, ZMM
+  return avx2 ? isa::kAvx2 : isa::kScalar;
+}
+}  // namespace detail
+#endif
+
 /// The best level this CPU supports.
 inline isa detected_isa() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const isa best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") &&
-        __builtin_cpu_supports("fma"))
-      return isa::kAvx512Vnni;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-      return isa::kAvx2;
-    return isa::kScalar;
-  }();
+  static const isa best = detail::detect_isa_cpuid();
   return best;
 #else
   return isa::kScalar;

@@ -30,22 +30,56 @@ inline float reduce16(const float* a) noexcept {
 }
 
 /// Per block and query: a = q st8 (float, [padded_dim]) and the constant
-/// C8 + margin (rounded up), to which a candidate's dot is added.
+/// C8 + margin (rounded up), to which a candidate's dot is added. The double sums run in
+/// 8 fixed lanes (channel mod 8) so that the AVX-512 twin below gives the same bits.
+inline float finish_refine_block(const double* c, const double* abs_a, const double* abs_ql,
+                                 std::size_t padded_dim) noexcept {
+  // The dot's float rounding, a's rounding, and the double sums (also those of the
+  // reference's exact score, below 2^-45 of sum |q lo| + 256 sum |a|).
+  const double margin =
+      double(padded_dim + 64) * 0x1p-23 * 256.0 * reduce8(abs_a) + 0x1p-40 * reduce8(abs_ql);
+  return round_up_to_float((reduce8(c) + margin) * (1.0 + 0x1p-40) + 1e-30);
+}
+
 inline float prepare_refine_block(const float* q, const float* lo, const float* st,
                                   std::size_t padded_dim, float* a) noexcept {
-  double c = 0.0, abs_a = 0.0, abs_ql = 0.0;
+  double c[8] = {}, abs_a[8] = {}, abs_ql[8] = {};
   for (std::size_t i = 0; i < padded_dim; ++i) {
     a[i] = q[i] * st[i];  // float: its rounding (2^-24 |a|) is inside the margin
     const double ql = double(q[i]) * double(lo[i]);  // exact
-    c += ql + std::max(double(a[i]), 0.0);
-    abs_a += std::fabs(double(a[i]));
-    abs_ql += std::fabs(ql);
+    c[i % 8] += ql + std::max(double(a[i]), 0.0);
+    abs_a[i % 8] += std::fabs(double(a[i]));
+    abs_ql[i % 8] += std::fabs(ql);
   }
-  // The dot's float rounding, a's rounding, and the double sums (also those of the
-  // reference's exact score, below 2^-45 of sum |q lo| + 256 sum |a|).
-  const double margin = double(padded_dim + 64) * 0x1p-23 * 256.0 * abs_a + 0x1p-40 * abs_ql;
-  return round_up_to_float((c + margin) * (1.0 + 0x1p-40) + 1e-30);
+  return finish_refine_block(c, abs_a, abs_ql, padded_dim);
 }
+
+#if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
+CERTATTN_TARGET_AVX512 inline float prepare_refine_block_avx512(const float* q, const float* lo,
+                                                                const float* st,
+                                                                std::size_t padded_dim,
+                                                                float* a) noexcept {
+  __m512d c = _mm512_setzero_pd(), abs_a = c, abs_ql = c;
+  const __m512d zero = _mm512_setzero_pd();
+  for (std::size_t o = 0; o < padded_dim; o += 8) {  // padded_dim is a multiple of 8
+    const __m256 qf = _mm256_loadu_ps(q + o);
+    const __m256 af = _mm256_mul_ps(qf, _mm256_loadu_ps(st + o));
+    _mm256_storeu_ps(a + o, af);
+    const __m512d ad = _mm512_cvtps_pd(af);
+    const __m512d ql = _mm512_mul_pd(_mm512_cvtps_pd(qf), _mm512_cvtps_pd(_mm256_loadu_ps(lo + o)));
+    c = _mm512_add_pd(c, _mm512_add_pd(ql, _mm512_max_pd(ad, zero)));
+    abs_a = _mm512_add_pd(abs_a, _mm512_abs_pd(ad));
+    abs_ql = _mm512_add_pd(abs_ql, _mm512_abs_pd(ql));
+  }
+  alignas(64) double lc[8], la[8], lq[8];
+  _mm512_store_pd(lc, c);
+  _mm512_store_pd(la, abs_a);
+  _mm512_store_pd(lq, abs_ql);
+  return finish_refine_block(lc, la, lq, padded_dim);
+}
+CERTATTN_ARCH_END
+#endif
 
 /// sum a code in 16 lanes (the scalar twin of the vector kernels).
 inline float refine_dot_scalar(const float* a, const std::uint8_t* code,

@@ -33,6 +33,13 @@
 
 namespace certattn::detail {
 
+/// Tokens per block of the key index (one set of per-channel scales each) and tokens per
+/// group of the interleaved 4-bit layout (one token per 32-bit lane of a 512-bit vector).
+inline constexpr std::size_t kBlockTokens = 128;
+inline constexpr std::size_t kGroupTokens = 16;
+inline constexpr std::size_t kGroupsPerBlock = kBlockTokens / kGroupTokens;
+static_assert(kBlockTokens % kGroupTokens == 0);
+
 
 
 struct block_query_prep {

@@ -108,7 +108,7 @@ CERTATTN_TARGET_AVX512 inline void scan_block(const std::uint8_t* codes, const s
                                               const block_query_prep* prep, std::size_t nq,
                                               float* u, std::size_t u_stride) noexcept {
   const std::size_t n_oct = padded_dim / 8;
-  for (std::size_t grp = 0; grp < 8; ++grp) {
+  for (std::size_t grp = 0; grp < kGroupsPerBlock; ++grp) {
     const std::uint8_t* c = codes + grp * n_oct * 64;
     float* ug = u + grp * 16;
     std::size_t g = 0;

@@ -18,7 +18,7 @@ inline void scan_block(const std::uint8_t* codes, const std::uint8_t* rho, std::
                        const block_query_prep* prep, std::size_t nq, float* u,
                        std::size_t u_stride) noexcept {
   const std::size_t n_oct = padded_dim / 8;
-  for (std::size_t grp = 0; grp < 8; ++grp) {
+  for (std::size_t grp = 0; grp < kGroupsPerBlock; ++grp) {
     for (std::size_t g = 0; g < nq; ++g) {
       const std::int8_t* qg = qa + g * padded_dim;
       std::int32_t dot[16] = {};
