@@ -384,9 +384,8 @@ struct detail_attend {
 
   /// The 8-bit stage of a new candidate: true when its exact key must be read now.
   static bool refine_candidate(const key_index& idx, std::size_t t, const float* qpad,
-                               double scale, double c, const perturbation& pert, int level,
-                               const options& opt, attend_workspace& ws, head_state& st,
-                               isa which) noexcept {
+                               double scale, double c, int level, const options& opt,
+                               attend_workspace& ws, head_state& st, isa which) noexcept {
     ++st.refined;
     const double u8 = refine8(idx, t, qpad, scale, ws, which);
     const double x8 = (u8 - c) + double(ws.e_up_[t]);  // == pert.exp1_upper(t)
@@ -414,7 +413,7 @@ struct detail_attend {
     for (std::uint32_t i = b0; i < b1; ++i) {
       if (i + kPrefetchAhead < b1) prefetch_rows(idx.codes8(ws.bucket_[i + kPrefetchAhead]), dp);
       const std::uint32_t t = ws.bucket_[i];
-      if (refine_candidate(idx, t, qpad, scale, c, pert, level, opt, ws, st, which))
+      if (refine_candidate(idx, t, qpad, scale, c, level, opt, ws, st, which))
         ws.to_score_[n_score++] = t;
     }
     for (std::int32_t k = ws.pending_head_[std::size_t(level)]; k >= 0;) {

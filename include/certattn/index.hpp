@@ -95,13 +95,17 @@ class key_index {
       throw error("append position (" + std::to_string(position) + ") >= kv.size() (" +
                   std::to_string(kv.size()) + ")");
     max_abs_key_ = std::max(max_abs_key_, check_row(kv, position));
-    const std::size_t b = position / kBlockTokens;
-    if (position % kBlockTokens == 0) resize_blocks(b + 1);
+    const std::size_t b = position / kBlockTokens, tb = position % kBlockTokens;
+    if (tb == 0) resize_blocks(b + 1);
     n_ = position + 1;
-    if (position % kBlockTokens == 0 || !fits_block(kv.key(position), b))
-      encode_block(kv, b);
+    row_.resize(d_);
+    load_key(kv, position, row_.data());
+    if (tb == kBlockTokens - 1)
+      encode_block(kv, b);  // the block is full: exact ranges, tightest bounds
+    else if (tb == 0 || !fits_block(row_.data(), b))
+      encode_block(kv, b, /*headroom=*/true);
     else
-      encode_token(kv.key(position), b, position % kBlockTokens);
+      encode_token(row_.data(), b, tb);
     if (n_ >= next_refresh_) {
       refresh_value_bounds(kv);
       return;
@@ -178,17 +182,19 @@ class key_index {
   }
   /// Throws on a NaN or Inf in token t's key or value; returns max |k| of its key.
   template <kv_view KV>
-  float check_row(const KV& kv, std::size_t t) const {
-    const auto* k = kv.key(t);
-    const auto* v = kv.value(t);
+  float check_row(const KV& kv, std::size_t t) {
+    check_.resize(d_);
+    detail::row_to_float(kv.key(t), check_.data(), d_);
     float kmax = 0.0f;
     for (std::size_t i = 0; i < d_; ++i) {
-      if (!std::isfinite(to_float(k[i])))
+      if (!std::isfinite(check_[i]))
         throw error("keys: token " + std::to_string(t) + " has a NaN or Inf");
-      if (!std::isfinite(to_float(v[i])))
-        throw error("values: token " + std::to_string(t) + " has a NaN or Inf");
-      kmax = std::max(kmax, std::fabs(to_float(k[i])));
+      kmax = std::max(kmax, std::fabs(check_[i]));
     }
+    detail::row_to_float(kv.value(t), check_.data(), d_);
+    for (std::size_t i = 0; i < d_; ++i)
+      if (!std::isfinite(check_[i]))
+        throw error("values: token " + std::to_string(t) + " has a NaN or Inf");
     return kmax;
   }
 
@@ -201,33 +207,54 @@ class key_index {
   }
 
   /// The largest q in [0, qmax] with lo + st q <= k; then k <= lo + st (q + 1) as
-  /// st >= range / qmax. Checked in double, where lo + st q is exact up to 2^-53.
-  static unsigned quantize(double k, double lo, double st, unsigned qmax) noexcept {
+  /// st >= range / qmax. The guess uses a reciprocal; the loops check the invariant in
+  /// double, where lo + st q is exact up to 2^-53.
+  static unsigned quantize(double k, double lo, double st, double inv, unsigned qmax) noexcept {
     if (!(st > 0.0)) return 0;
-    double qd = std::floor((k - lo) / st);
-    qd = std::clamp(qd, 0.0, double(qmax));
-    unsigned q = unsigned(qd);
+    // Truncation is floor here (clamped at 0 first): no libm floor() call per channel.
+    const double qd = std::min((k - lo) * inv, double(qmax));
+    unsigned q = qd > 0.0 ? unsigned(qd) : 0u;
+    // The guess is within one of the answer (the reciprocal and the product err by a few
+    // 2^-53): one step each way settles it; the loops only guard the invariant.
     while (q > 0 && lo + st * q > k) --q;
     while (q < qmax && lo + st * (q + 1) < k) ++q;
     return q;
   }
 
-  template <class T>
-  bool fits_block(const T* k, std::size_t b) const noexcept {
+  /// The key row of token t as floats (exact), into out[0, head_dim).
+  template <kv_view KV>
+  void load_key(const KV& kv, std::size_t t, float* out) const noexcept {
+    detail::row_to_float(kv.key(t), out, d_);
+  }
+
+  bool fits_block(const float* x, std::size_t b) const noexcept {
     const float* lo = block_lo(b);
     const float* s4 = block_step4(b);
     const float* s8 = block_step8(b);
     for (std::size_t i = 0; i < d_; ++i) {
-      const double x = double(to_float(k[i]));
-      if (x < double(lo[i]) || x > double(lo[i]) + 15.0 * double(s4[i]) ||
-          x > double(lo[i]) + 255.0 * double(s8[i]))
+      const double v = double(x[i]);
+      if (v < double(lo[i]) || v > double(lo[i]) + 15.0 * double(s4[i]) ||
+          v > double(lo[i]) + 255.0 * double(s8[i]))
         return false;
     }
     return true;
   }
 
-  template <class T>
-  void encode_token(const T* k, std::size_t b, std::size_t tb) noexcept {
+  /// Reciprocal steps of block b, for the quantisation guesses of encode_token.
+  void prepare_block_inverse(std::size_t b) {
+    const float* s4 = block_step4(b);
+    const float* s8 = block_step8(b);
+    inv4_.resize(d_);
+    inv8_.resize(d_);
+    for (std::size_t i = 0; i < d_; ++i) {
+      inv4_[i] = s4[i] > 0.0f ? 1.0 / double(s4[i]) : 0.0;
+      inv8_[i] = s8[i] > 0.0f ? 1.0 / double(s8[i]) : 0.0;
+    }
+    inverse_block_ = b;
+  }
+
+  void encode_token(const float* x, std::size_t b, std::size_t tb) {
+    if (inverse_block_ != b) prepare_block_inverse(b);
     const float* lo = block_lo(b);
     const float* s4 = block_step4(b);
     const float* s8 = block_step8(b);
@@ -240,46 +267,63 @@ class key_index {
     }
     double rho2 = 0.0;
     for (std::size_t i = 0; i < d_; ++i) {
-      const double x = double(to_float(k[i]));
-      c8[i] = std::uint8_t(quantize(x, lo[i], s8[i], 255));
-      const unsigned q4 = quantize(x, lo[i], s4[i], 15);
+      const double v = double(x[i]), l = double(lo[i]);
+      c8[i] = std::uint8_t(quantize(v, l, s8[i], inv8_[i], 255));
+      const unsigned q4 = quantize(v, l, s4[i], inv4_[i], 15);
       if (s4[i] > 0.0f) {  // f in [0, 1] with x = lo + st (q4 + f); a constant channel adds 0
-        const double f = (x - double(lo[i])) / double(s4[i]) - double(q4);
+        const double f = (v - l) * inv4_[i] - double(q4);
         rho2 += (f - 0.5) * (f - 0.5);
       }
       const std::size_t o = i / 8, j = i % 8;
       std::uint8_t& byte = c4[(g * (dp_ / 8) + o) * 64 + lane * 4 + (j & 3)];
       byte = std::uint8_t(byte | (j < 4 ? q4 : q4 << 4));
     }
-    // Rounded up with a margin far above the double rounding of f (about 1e-15).
+    // Rounded up with a margin far above the rounding of f (reciprocal and products:
+    // a few 1e-16 relative of values at most 16).
     const double rho = std::sqrt(rho2) * (1.0 + 1e-9) + 1e-9;
     rho_[b * kBlockTokens + tb] =
         std::uint8_t(std::min(255.0, std::ceil(rho / detail::rho_step(dp_))));
   }
 
-  /// Recomputes block b's ranges from its tokens in kv and re-encodes them.
+  /// Recomputes block b's ranges from its tokens in kv and re-encodes them. With
+  /// headroom (the partly filled tail block), the ranges are widened by a quarter on each
+  /// side, so that the next tokens usually fit and the block is re-encoded O(log) times
+  /// while it fills; a full block is encoded with its exact ranges (tightest bounds).
   template <kv_view KV>
-  void encode_block(const KV& kv, std::size_t b) {
+  void encode_block(const KV& kv, std::size_t b, bool headroom = false) {
     const std::size_t t0 = b * kBlockTokens, t1 = std::min(n_, t0 + kBlockTokens);
+    rows_.resize(kBlockTokens * d_);
+    for (std::size_t t = t0; t < t1; ++t) load_key(kv, t, rows_.data() + (t - t0) * d_);
+    mins_.assign(d_, std::numeric_limits<float>::infinity());
+    maxs_.assign(d_, -std::numeric_limits<float>::infinity());
+    for (std::size_t t = 0; t < t1 - t0; ++t) {
+      const float* x = rows_.data() + t * d_;
+      for (std::size_t i = 0; i < d_; ++i) {
+        mins_[i] = std::min(mins_[i], x[i]);
+        maxs_[i] = std::max(maxs_[i], x[i]);
+      }
+    }
     float* lo = scales_.data() + b * 3 * dp_;
     float* s4 = lo + dp_;
     float* s8 = lo + 2 * dp_;
     for (std::size_t i = 0; i < dp_; ++i) lo[i] = s4[i] = s8[i] = 0.0f;
     for (std::size_t i = 0; i < d_; ++i) {
-      float mn = std::numeric_limits<float>::infinity(), mx = -mn;
-      for (std::size_t t = t0; t < t1; ++t) {
-        const float x = to_float(kv.key(t)[i]);
-        mn = std::min(mn, x);
-        mx = std::max(mx, x);
+      double mn = mins_[i], mx = maxs_[i];
+      if (headroom) {
+        const double h = 0.25 * (mx - mn) + 0x1p-10 * std::max(std::fabs(mn), std::fabs(mx));
+        mn -= h;
+        mx += h;
       }
-      lo[i] = mn;
-      const double range = double(mx) - double(mn);  // exact in double
+      lo[i] = float(mn);
+      if (double(lo[i]) > mn) lo[i] = std::nextafter(lo[i], -std::numeric_limits<float>::infinity());
+      const double range = mx - double(lo[i]);
       s4[i] = round_up_to_float(range / 15.0);
       s8[i] = round_up_to_float(range / 255.0);
     }
+    inverse_block_ = std::size_t(-1);
     std::memset(codes4_.data() + b * block_code4_bytes(), 0, block_code4_bytes());
     std::memset(codes8_.data() + t0 * dp_, 0, kBlockTokens * dp_);
-    for (std::size_t t = t0; t < t1; ++t) encode_token(kv.key(t), b, t - t0);
+    for (std::size_t t = t0; t < t1; ++t) encode_token(rows_.data() + (t - t0) * d_, b, t - t0);
   }
 
   /// Prefix maxima of the distances outside the exact set, blocks 0..b.
@@ -295,14 +339,19 @@ class key_index {
   template <kv_view KV>
   void refresh_value_bounds(const KV& kv) {
     std::vector<double> acc(d_, 0.0);
-    for (std::size_t t = 0; t < n_; ++t)
-      for (std::size_t i = 0; i < d_; ++i) acc[i] += to_double(kv.value(t)[i]);
+    check_.resize(d_);
+    for (std::size_t t = 0; t < n_; ++t) {
+      detail::row_to_float(kv.value(t), check_.data(), d_);
+      for (std::size_t i = 0; i < d_; ++i) acc[i] += double(check_[i]);
+    }
     center_.assign(d_, 0.0f);
     if (n_ > 0)
       for (std::size_t i = 0; i < d_; ++i) center_[i] = float(acc[i] / double(n_));
     dist_.assign(blocks() * kBlockTokens, 0.0f);
-    for (std::size_t t = 0; t < n_; ++t)
-      dist_[t] = value_distance_bound(kv.value(t), center_, d_);
+    for (std::size_t t = 0; t < n_; ++t) {  // the same bits as from the 16-bit row
+      detail::row_to_float(kv.value(t), check_.data(), d_);
+      dist_[t] = value_distance_bound(check_.data(), center_, d_);
+    }
     cap_ = value_cap_from(std::vector<float>(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_)));
     exact_.clear();
     for (std::size_t t = 0; t < n_; ++t)
@@ -317,6 +366,10 @@ class key_index {
   float max_abs_key_ = 0.0f;
   float cap_ = std::numeric_limits<float>::infinity();
   std::vector<std::uint32_t> exact_;      // the exact set: tokens with dist_ > cap_
+  // Scratch of the encoder (not part of the index's state).
+  std::vector<float> rows_, row_, mins_, maxs_, check_;
+  std::vector<double> inv4_, inv8_;
+  std::size_t inverse_block_ = std::size_t(-1);
   std::vector<std::uint8_t> codes4_;      // [blocks][groups][octets][64]
   std::vector<std::uint8_t> codes8_;      // [tokens (block-padded)][padded_dim]
   std::vector<std::uint8_t> rho_;         // [tokens (block-padded)] residual norm bytes

@@ -111,6 +111,40 @@ inline double accumulate_row(const T* v, std::size_t d, double w, double* acc, i
   return accumulate_row_scalar(v, d, w, acc);
 }
 
+/// A row of 16-bit or float elements as floats (exact), with F16C where the CPU has it.
+#if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
+CERTATTN_TARGET_AVX2 inline void half_row_to_float_f16c(const half* x, float* out,
+                                                        std::size_t d) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    __m128i h;
+    std::memcpy(&h, x + i, 16);
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < d; ++i) out[i] = float(x[i]);
+}
+CERTATTN_ARCH_END
+#endif
+
+template <class T>
+inline void row_to_float(const T* x, float* out, std::size_t d) noexcept {
+#if CERTATTN_X86
+  if constexpr (std::is_same_v<T, half>)
+    if (active_isa() != isa::kScalar) return half_row_to_float_f16c(x, out, d);
+#endif
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    for (std::size_t i = 0; i < d; ++i) {  // bf16 is the top half of a float
+      std::uint16_t b;
+      std::memcpy(&b, x + i, 2);
+      const std::uint32_t u = std::uint32_t(b) << 16;
+      std::memcpy(out + i, &u, 4);
+    }
+  } else {
+    for (std::size_t i = 0; i < d; ++i) out[i] = to_float(x[i]);
+  }
+}
+
 template <class T>
 inline double score_dot_fast(const float* q, const T* k, std::size_t d, isa which) noexcept {
 #if CERTATTN_X86
