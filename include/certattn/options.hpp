@@ -103,7 +103,7 @@ struct certificate {
   std::size_t sampled = 0;      // light pool keys in the sample (weight tau)
   std::size_t keys_read = 0;    // keys whose exact 16-bit row was read (window included)
   std::size_t values_read = 0;  // value rows read (window included)
-  std::size_t bytes_read = 0;   // all bytes read by the call (see docs/bytes.md)
+  std::size_t bytes_read = 0;   // bytes read by the call (docs/fast-path.md, "Bytes read")
 };
 
 }  // namespace certattn
