@@ -86,7 +86,9 @@ void check_group(const exact_case& p, const test::layout_cache<T>& cache, const 
       ASSERT_EQ(f.heavy, r.cert.heavy);
       ASSERT_EQ(f.sampled, r.cert.sampled);
       ASSERT_EQ(f.max_score, r.cert.max_score);  // same bits: the same scores
-      EXPECT_NEAR(f.denominator, r.cert.denominator, 1e-9 * r.cert.denominator);
+      // The exact fallback runs the float dense kernel; sampled levels sum in double.
+      EXPECT_NEAR(f.denominator, r.cert.denominator,
+                  (f.exact ? 1e-5 : 1e-9) * r.cert.denominator);
       if (!f.exact) {
         EXPECT_NEAR(f.bound, r.cert.bound, 1e-9 * std::max(1.0, r.cert.bound));
         EXPECT_NEAR(f.beta, r.cert.beta, 1e-9 * std::max(1.0, r.cert.beta));

@@ -17,6 +17,7 @@
 #include <certattn/arch/refine_kernels.hpp>
 #include <certattn/arch/score_dot.hpp>
 #include <certattn/certificate.hpp>
+#include <certattn/dense.hpp>
 #include <certattn/index.hpp>
 #include <certattn/layout.hpp>
 #include <certattn/options.hpp>
@@ -115,6 +116,7 @@ class attend_workspace {
     window_num_.assign(head_dim, 0.0);
     o_hat_.assign(head_dim, 0.0);
     c0_.assign(head_dim, 0.0);
+    dense_ws_ = dense_workspace(1, head_dim);
   }
 
   std::size_t group() const noexcept { return group_; }
@@ -173,6 +175,7 @@ class attend_workspace {
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, window_num_, o_hat_, c0_;
   group_stats stats_;
+  dense_workspace dense_ws_;  // the exact fallback's
   bool record_ = false;
   std::size_t head_ = 0;
   std::vector<std::vector<sampled_key>> recorded_;
@@ -465,20 +468,17 @@ struct detail_attend {
   }
 
   // ---- stage: fallback ----------------------------------------------------------------
-  /// Exact attention for one head (no level certified): every key and value, in double.
+  /// Exact attention for one head (no level certified) with the dense kernel; returns D
+  /// relative to c, recomputed in double from the kernel's float state.
   template <kv_view KV>
   static double exact_head(const KV& kv, const float* q, double scale, double c, float* out,
-                           attend_workspace& ws, isa which) noexcept {
-    const std::size_t n = kv.size(), d = ws.d_;
-    std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
-    double den = 0.0;
-    for (std::size_t t = 0; t < n; ++t) {
-      const double w = std::exp(scale * detail::score_dot_fast(q, kv.key(t), d, which) - c);
-      den += w;
-      add_value(kv.value(t), d, w, ws.exact_num_.data());
-    }
-    for (std::size_t i = 0; i < d; ++i) out[i] = float(ws.exact_num_[i] / den);
-    return den;
+                           attend_workspace& ws) {
+    float m = 0.0f, l = 0.0f;
+    dense_partial(std::span<const float>(q, ws.d_), 1, kv, float(scale), 0, kv.size(),
+                  std::span<float>(&m, 1), std::span<float>(&l, 1), std::span<float>(out, ws.d_),
+                  ws.dense_ws_);
+    for (std::size_t i = 0; i < ws.d_; ++i) out[i] /= l;
+    return double(l) * std::exp(double(m) - c);
   }
 
   // ---- the call, stage by stage -------------------------------------------------------
@@ -619,7 +619,7 @@ struct detail_attend {
       stats.candidates += pool_end > xs.size() ? m : 0;
       if (!done) {
         if (ws.record_) ws.recorded_[g].clear();
-        cert.denominator = exact_head(kv, q, scale, c, o, ws, which);
+        cert.denominator = exact_head(kv, q, scale, c, o, ws);
         cert.max_score = c;
         cert.exact = true;
         cert.level = -1;
@@ -689,8 +689,14 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
                 std::to_string(ws.max_tokens()) + " tokens, " + std::to_string(ws.max_levels()) +
                 " levels: too small for this call");
   if (opt.window > 64) throw error("options.window must be <= 64 for attend_group");
-  for (float x : queries)
+  float qmax = 0.0f;
+  for (float x : queries) {
     if (!std::isfinite(x)) throw error("queries contain a NaN or Inf");
+    qmax = std::max(qmax, std::fabs(x));
+  }
+  // The dense fallback scales queries in float: refuse what would overflow there.
+  if (!(double(qmax) * opt.effective_softmax_scale(d) < 1e30))
+    throw error("options.softmax_scale times the largest |query| element must stay below 1e30");
   // The score bounds run in float. Scores beyond any real model's would overflow them
   // (and lose candidates), so such inputs are refused rather than certified wrongly.
   const double score_scale = std::max(1.0, opt.effective_softmax_scale(d));

@@ -15,3 +15,4 @@
 #include <certattn/attend.hpp>
 #include <certattn/parallel.hpp>
 #include <certattn/monitor/monitor.hpp>
+#include <certattn/dense.hpp>

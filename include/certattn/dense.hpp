@@ -1,0 +1,416 @@
+// Exact attention over the 16-bit cache: the baseline the certified call is timed against
+// and its fallback when no level certifies. One pass over the keys and values of a KV
+// head for all G query heads of its group, online softmax in fp32 (flash-decoding style),
+// vectorised per ISA in arch/<isa>/dense_kernels.hpp and chosen at run time.
+#pragma once
+
+#include <certattn/arch/avx2/dense_kernels.hpp>
+#include <certattn/arch/avx512/dense_kernels.hpp>
+#include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/scalar/dense_kernels.hpp>
+#include <certattn/common.hpp>
+#include <certattn/layout.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace certattn {
+
+/// The online-softmax state of one query over a range of tokens: m = max score, l = sum of
+/// exp(s - m); the matching accumulator sum exp(s - m) v lives in a span beside it.
+struct softmax_partial {
+  float max_score = -std::numeric_limits<float>::infinity();
+  float sum = 0.0f;
+};
+
+class dense_workspace;
+namespace detail {
+struct dense_workspace_access;
+// Row pointers per call: a chunk, the prefetch distance after it, and the slack of one
+// more chunk (units are appended whole).
+inline constexpr std::size_t dense_rows_capacity = 2 * dense_chunk_tokens + dense_prefetch_rows;
+}  // namespace detail
+
+/// Caller-owned scratch of the dense kernels, sized once for up to `group` queries per KV
+/// head, `head_dim` channels and `kv_heads` heads per call (kv_heads > 1 only for the
+/// *_nhd_layer calls). Calls never allocate; one workspace per thread. After a call its
+/// max-score and sum slots hold the final m and l of each query row (cmd_speed reads them
+/// through detail::dense_workspace_access; dense_partial* return them properly).
+class dense_workspace {
+ public:
+  dense_workspace() = default;
+  dense_workspace(std::size_t group, std::size_t head_dim, std::size_t kv_heads = 1) {
+    if (group == 0) throw error("dense_workspace: group must be > 0");
+    if (head_dim == 0) throw error("dense_workspace: head_dim must be > 0");
+    if (kv_heads == 0) throw error("dense_workspace: kv_heads must be > 0");
+    group_ = group;
+    head_dim_ = head_dim;
+    kv_heads_ = kv_heads;
+    const std::size_t rows = kv_heads * group, qs = detail::dense_round16(head_dim);
+    // [rows][qs] queries | [group][chunk] scores | [rows] max | [rows] sums | [group] alpha
+    // | [group + 1][qs] scalar kernel scratch; every part starts on a 64-byte boundary.
+    off_scores_ = rows * qs;
+    off_max_ = off_scores_ + group * detail::dense_chunk_tokens;
+    off_sums_ = off_max_ + detail::dense_round16(rows);
+    off_alpha_ = off_sums_ + detail::dense_round16(rows);
+    off_chunk_acc_ = off_alpha_ + detail::dense_round16(group);
+    floats_.assign(off_chunk_acc_ + (group + 1) * qs + 16, 0.0f);
+    rows_.assign(2 * detail::dense_rows_capacity, nullptr);
+  }
+  std::size_t group() const noexcept { return group_; }
+  std::size_t head_dim() const noexcept { return head_dim_; }
+  std::size_t kv_heads() const noexcept { return kv_heads_; }
+
+ private:
+  friend struct detail::dense_workspace_access;
+  float* base() noexcept {  // floats_ aligned to 64 bytes (copies re-align themselves)
+    const auto p = reinterpret_cast<std::uintptr_t>(floats_.data());
+    return floats_.data() + ((64 - p % 64) % 64) / sizeof(float);
+  }
+  std::size_t group_ = 0, head_dim_ = 0, kv_heads_ = 0;
+  std::size_t off_scores_ = 0, off_max_ = 0, off_sums_ = 0, off_alpha_ = 0, off_chunk_acc_ = 0;
+  std::vector<float> floats_;
+  std::vector<const void*> rows_;
+};
+
+inline dense_workspace make_dense_workspace(std::size_t group, std::size_t head_dim,
+                                            std::size_t kv_heads = 1) {
+  return dense_workspace(group, head_dim, kv_heads);
+}
+
+namespace detail {
+
+struct dense_workspace_access {
+  static float* queries(dense_workspace& w) { return w.base(); }
+  static float* scores(dense_workspace& w) { return w.base() + w.off_scores_; }
+  static float* max_scores(dense_workspace& w) { return w.base() + w.off_max_; }
+  static float* sums(dense_workspace& w) { return w.base() + w.off_sums_; }
+  static float* alpha(dense_workspace& w) { return w.base() + w.off_alpha_; }
+  static float* chunk_acc(dense_workspace& w) { return w.base() + w.off_chunk_acc_; }
+  static const void** key_rows(dense_workspace& w) { return w.rows_.data(); }
+  static const void** value_rows(dense_workspace& w) {
+    return w.rows_.data() + dense_rows_capacity;
+  }
+};
+
+using dense_chunk_fn = void (*)(const dense_chunk_args&);
+
+/// The chunk kernel for element type T on the ISA active now.
+template <class T>
+inline dense_chunk_fn select_dense_kernel() noexcept {
+#if CERTATTN_X86
+  switch (active_isa()) {
+    case isa::kAvx512Vnni:
+      return &avx512::dense::dense_chunk<T>;
+    case isa::kAvx2:
+      return &avx2::dense::dense_chunk<T>;
+    case isa::kScalar:
+      break;
+  }
+#endif
+  return &scalar::dense_chunk<T>;
+}
+
+inline float dense_effective_scale(float softmax_scale, std::size_t head_dim) {
+  if (!std::isfinite(softmax_scale) || softmax_scale < 0.0f)
+    throw error("softmax_scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got " +
+                std::to_string(softmax_scale));
+  return softmax_scale > 0.0f ? softmax_scale : float(1.0 / std::sqrt(double(head_dim)));
+}
+
+inline void dense_check_size(std::size_t got, std::size_t want, const char* what,
+                             const char* shape) {
+  if (got != want)
+    throw error(std::string(what) + " has " + std::to_string(got) + " elements, expected " + shape +
+                " = " + std::to_string(want));
+}
+
+inline void dense_check_workspace(const dense_workspace& ws, std::size_t group,
+                                  std::size_t head_dim, std::size_t kv_heads) {
+  if (group > ws.group() || head_dim > ws.head_dim() || kv_heads > ws.kv_heads())
+    throw error("ws: dense_workspace sized for group " + std::to_string(ws.group()) +
+                ", head_dim " + std::to_string(ws.head_dim()) + ", kv_heads " +
+                std::to_string(ws.kv_heads()) + " is too small for group " + std::to_string(group) +
+                ", head_dim " + std::to_string(head_dim) + ", kv_heads " +
+                std::to_string(kv_heads));
+}
+
+/// queries [rows][head_dim] -> dst [rows][dense_round16(head_dim)], times scale, zero
+/// padded (the kernels read whole 16-lane blocks of query rows).
+inline void dense_scale_queries(std::span<const float> queries, std::size_t rows,
+                                std::size_t head_dim, float scale, float* dst) {
+  const std::size_t qs = dense_round16(head_dim);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t i = 0; i < head_dim; ++i) {
+      const float x = queries[r * head_dim + i];
+      if (!std::isfinite(x))
+        throw error("queries contains a NaN or Inf (row " + std::to_string(r) + ", element " +
+                    std::to_string(i) + ")");
+      dst[r * qs + i] = x * scale;
+      if (!std::isfinite(dst[r * qs + i]))
+        throw error("softmax_scale (" + std::to_string(scale) + ") times queries overflows " +
+                    "float (row " + std::to_string(r) + ", element " + std::to_string(i) + ")");
+    }
+    for (std::size_t i = head_dim; i < qs; ++i) dst[r * qs + i] = 0.0f;
+  }
+}
+
+/// Row pointers of tokens [t0, t0 + n) of a kv_view.
+template <kv_view KV>
+inline void dense_fill_rows(const KV& kv, std::size_t t0, std::size_t n, const void** keys,
+                            const void** values) {
+  for (std::size_t i = 0; i < n; ++i) {
+    keys[i] = kv.key(t0 + i);
+    values[i] = kv.value(t0 + i);
+  }
+}
+
+/// The same for a paged cache, one block-table lookup per page instead of a division per
+/// token (which cost ~15 ns per token, doubling the time of the G = 1 kernel). Within a
+/// page paged_kv's rows are evenly spaced (its token_stride), so two rows give the rest.
+template <cache_element T>
+inline void dense_fill_rows(const paged_kv<T>& kv, std::size_t t0, std::size_t n, const void** keys,
+                            const void** values) {
+  const std::size_t page = kv.page_size(), end = t0 + n;
+  for (std::size_t t = t0, i = 0; t < end;) {
+    const std::size_t run = std::min(page - t % page, end - t);  // tokens left in this page
+    const T* k = kv.key(t);
+    const T* v = kv.value(t);
+    const std::ptrdiff_t ks = run > 1 ? kv.key(t + 1) - k : 0;
+    const std::ptrdiff_t vs = run > 1 ? kv.value(t + 1) - v : 0;
+    for (std::size_t j = 0; j < run; ++j, ++i) {
+      keys[i] = k + std::ptrdiff_t(j) * ks;
+      values[i] = v + std::ptrdiff_t(j) * vs;
+    }
+    t += run;
+  }
+}
+
+/// Runs the kernel over `units` chunks in order. fill(u, keys, values) writes the row
+/// pointers of unit u and returns its token count (1..dense_chunk_tokens); prepare(u, args)
+/// points args at the unit's queries and state. Each call also gets the rows of the
+/// following units up to the prefetch distance, which it prefetches; every unit is filled
+/// once, its rows shifted to the front of the buffer when its turn comes.
+template <class Fill, class Prepare>
+inline void dense_run_units(std::size_t units, dense_chunk_args& args, dense_chunk_fn kernel,
+                            dense_workspace& ws, Fill&& fill, Prepare&& prepare) {
+  using A = dense_workspace_access;
+  constexpr std::size_t cap = dense_rows_capacity;
+  const void** keys = A::key_rows(ws);
+  const void** values = A::value_rows(ws);
+  args.key_rows = keys;
+  args.value_rows = values;
+  std::size_t sizes[cap];  // token counts of the filled units not yet run (a ring)
+  std::size_t have = 0, next = 0, head = 0, queued = 0;
+  for (std::size_t u = 0; u < units; ++u) {
+    // Units hold >= 1 row and the buffer <= cap rows, so the ring cannot overflow.
+    while (next < units && (queued == 0 || have < sizes[head] + args.prefetch_distance)) {
+      const std::size_t n = fill(next++, keys + have, values + have);
+      sizes[(head + queued++) % cap] = n;
+      have += n;
+    }
+    const std::size_t n = sizes[head];
+    std::size_t ahead = have;
+    for (; ahead < dense_round16(n); ++ahead) keys[ahead] = keys[n - 1];
+    args.n = n;
+    args.rows_ahead = ahead;
+    prepare(u, args);
+    kernel(args);
+    have -= n;
+    std::copy(keys + n, keys + n + have, keys);
+    std::copy(values + n, values + n + have, values);
+    head = (head + 1) % cap;
+    --queued;
+  }
+}
+
+inline void dense_normalise(const float* acc, const float* sums, std::size_t rows,
+                            std::size_t head_dim, float* out) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / sums[r];  // >= 1: the max token contributes exp(0)
+    for (std::size_t i = 0; i < head_dim; ++i) out[r * head_dim + i] = acc[r * head_dim + i] * inv;
+  }
+}
+
+}  // namespace detail
+
+/// Partial softmax state of `group` queries over tokens [begin, end) of kv, unnormalised:
+/// per query m = max score, l = sum exp(s - m), acc = sum exp(s - m) v (scores s =
+/// softmax_scale * q.k; softmax_scale 0 means 1/sqrt(head_dim)). An empty range gives
+/// m = -inf, l = 0, acc = 0. queries [group][head_dim]; max_scores, sums [group];
+/// acc [group][head_dim].
+template <kv_view KV>
+void dense_partial(std::span<const float> queries, std::size_t group, const KV& kv,
+                   float softmax_scale, std::size_t begin, std::size_t end,
+                   std::span<float> max_scores, std::span<float> sums, std::span<float> acc,
+                   dense_workspace& ws) {
+  using T = typename KV::element_type;
+  using A = detail::dense_workspace_access;
+  const std::size_t d = kv.head_dim();
+  if (group == 0) throw error("group must be > 0");
+  if (begin > end)
+    throw error("begin (" + std::to_string(begin) + ") > end (" + std::to_string(end) + ")");
+  if (end > kv.size())
+    throw error("end (" + std::to_string(end) + ") > kv.size() (" + std::to_string(kv.size()) +
+                ")");
+  detail::dense_check_size(queries.size(), group * d, "queries", "group * head_dim");
+  detail::dense_check_size(max_scores.size(), group, "max_scores", "group");
+  detail::dense_check_size(sums.size(), group, "sums", "group");
+  detail::dense_check_size(acc.size(), group * d, "acc", "group * head_dim");
+  detail::dense_check_workspace(ws, group, d, 1);
+  const float scale = detail::dense_effective_scale(softmax_scale, d);
+  detail::dense_scale_queries(queries, group, d, scale, A::queries(ws));
+
+  for (std::size_t g = 0; g < group; ++g) {
+    max_scores[g] = -std::numeric_limits<float>::infinity();
+    sums[g] = 0.0f;
+  }
+  for (float& x : acc) x = 0.0f;
+  detail::dense_chunk_args args;
+  args.queries = A::queries(ws);
+  args.q_stride = detail::dense_round16(d);
+  args.group = group;
+  args.head_dim = d;
+  args.scores = A::scores(ws);
+  args.alpha = A::alpha(ws);
+  args.chunk_acc = A::chunk_acc(ws);
+  args.max_scores = max_scores.data();
+  args.sums = sums.data();
+  args.acc = acc.data();
+  args.acc_stride = d;
+  args.prefetch_distance = detail::dense_prefetch_rows;
+  constexpr std::size_t C = detail::dense_chunk_tokens;
+  detail::dense_run_units((end - begin + C - 1) / C, args, detail::select_dense_kernel<T>(), ws,
+                          [&](std::size_t u, const void** keys, const void** values) {
+                            const std::size_t t0 = begin + u * C, n = end - t0 < C ? end - t0 : C;
+                            detail::dense_fill_rows(kv, t0, n, keys, values);
+                            return n;
+                          },
+                          [](std::size_t, detail::dense_chunk_args&) {});
+}
+
+/// Exact attention of `group` queries (row-major [group][head_dim], not yet scaled) over
+/// tokens [begin, min(end, kv.size())) of kv; writes the normalised outputs to out
+/// [group][head_dim]. softmax_scale 0 means 1/sqrt(head_dim).
+template <kv_view KV>
+void dense_attend(std::span<const float> queries, std::size_t group, const KV& kv,
+                  float softmax_scale, std::span<float> out, dense_workspace& ws,
+                  std::size_t begin = 0, std::size_t end = SIZE_MAX) {
+  using A = detail::dense_workspace_access;
+  if (group == 0) throw error("group must be > 0");
+  if (end == SIZE_MAX) end = kv.size();
+  if (begin == end)
+    throw error("begin == end (" + std::to_string(end) +
+                "): attention over an empty token range is undefined");
+  detail::dense_check_size(out.size(), group * kv.head_dim(), "out", "group * head_dim");
+  detail::dense_check_workspace(ws, group, kv.head_dim(), 1);
+  // The state lives in the workspace's head-0 slots and the accumulator in out itself.
+  std::span<float> m(A::max_scores(ws), group), l(A::sums(ws), group);
+  dense_partial(queries, group, kv, softmax_scale, begin, end, m, l, out, ws);
+  detail::dense_normalise(out.data(), l.data(), group, kv.head_dim(), out.data());
+}
+
+/// Partial softmax state (as dense_partial) of all KV heads of one layer of a token-major
+/// cache ([token][kv_heads][head_dim], llama.cpp's layout) over its tokens [0, n_tokens),
+/// in one pass over the rows: per chunk of tokens every head is processed while the chunk
+/// is in cache, instead of one pass per head striding kv_heads * head_dim elements per
+/// token. Split the tokens between threads (flash-decoding's split-K) by offsetting keys
+/// and values and merging the states. queries and acc [kv_heads][group][head_dim];
+/// max_scores and sums [kv_heads][group]; ws sized for (group, head_dim, kv_heads).
+template <cache_element T>
+void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_heads,
+                             std::size_t group, const T* keys, const T* values,
+                             std::size_t n_tokens, std::size_t head_dim, float softmax_scale,
+                             std::span<float> max_scores, std::span<float> sums,
+                             std::span<float> acc, dense_workspace& ws) {
+  using A = detail::dense_workspace_access;
+  if (kv_heads == 0) throw error("kv_heads must be > 0");
+  if (group == 0) throw error("group must be > 0");
+  if (head_dim == 0) throw error("head_dim must be > 0");
+  if (n_tokens > 0 && (keys == nullptr || values == nullptr))
+    throw error("keys and values must not be null");
+  const std::size_t rows = kv_heads * group, qs = detail::dense_round16(head_dim);
+  detail::dense_check_size(queries.size(), rows * head_dim, "queries",
+                           "kv_heads * group * head_dim");
+  detail::dense_check_size(max_scores.size(), rows, "max_scores", "kv_heads * group");
+  detail::dense_check_size(sums.size(), rows, "sums", "kv_heads * group");
+  detail::dense_check_size(acc.size(), rows * head_dim, "acc", "kv_heads * group * head_dim");
+  detail::dense_check_workspace(ws, group, head_dim, kv_heads);
+  const float scale = detail::dense_effective_scale(softmax_scale, head_dim);
+  detail::dense_scale_queries(queries, rows, head_dim, scale, A::queries(ws));
+
+  for (std::size_t r = 0; r < rows; ++r) {
+    max_scores[r] = -std::numeric_limits<float>::infinity();
+    sums[r] = 0.0f;
+  }
+  for (float& x : acc) x = 0.0f;
+  detail::dense_chunk_args args;
+  args.q_stride = qs;
+  args.group = group;
+  args.head_dim = head_dim;
+  args.scores = A::scores(ws);
+  args.alpha = A::alpha(ws);
+  args.chunk_acc = A::chunk_acc(ws);
+  args.acc_stride = head_dim;
+  args.prefetch_distance = detail::dense_prefetch_rows;
+  // Units run chunk-major: every head of a chunk of tokens, then the next chunk, so each
+  // token row ([kv_heads][head_dim], contiguous) is fetched from memory once.
+  constexpr std::size_t C = detail::dense_chunk_tokens;
+  const std::size_t row = kv_heads * head_dim;  // elements per token
+  const std::size_t chunks = (n_tokens + C - 1) / C;
+  float* q_scaled = A::queries(ws);
+  detail::dense_run_units(
+      chunks * kv_heads, args, detail::select_dense_kernel<T>(), ws,
+      [&](std::size_t u, const void** krows, const void** vrows) {
+        const std::size_t t0 = (u / kv_heads) * C, h = u % kv_heads;
+        const std::size_t n = n_tokens - t0 < C ? n_tokens - t0 : C;
+        const T* k = keys + t0 * row + h * head_dim;
+        const T* v = values + t0 * row + h * head_dim;
+        for (std::size_t i = 0; i < n; ++i) {
+          krows[i] = k + i * row;
+          vrows[i] = v + i * row;
+        }
+        return n;
+      },
+      [&](std::size_t u, detail::dense_chunk_args& a) {
+        const std::size_t h = u % kv_heads;
+        a.queries = q_scaled + h * group * qs;
+        a.max_scores = max_scores.data() + h * group;
+        a.sums = sums.data() + h * group;
+        a.acc = acc.data() + h * group * head_dim;
+      });
+}
+
+/// Exact attention for all KV heads of one layer of a token-major cache in one pass over
+/// its rows (see dense_partial_nhd_layer). queries and out [kv_heads][group][head_dim].
+/// On return the workspace also holds each row's max score and sum (its max-score and sum
+/// slots, [kv_heads][group]), as dense_partial_nhd_layer would return them.
+template <cache_element T>
+void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads, std::size_t group,
+                            const T* keys, const T* values, std::size_t n_tokens,
+                            std::size_t head_dim, float softmax_scale, std::span<float> out,
+                            dense_workspace& ws) {
+  using A = detail::dense_workspace_access;
+  if (kv_heads == 0) throw error("kv_heads must be > 0");
+  if (group == 0) throw error("group must be > 0");
+  if (head_dim == 0) throw error("head_dim must be > 0");
+  if (n_tokens == 0) throw error("n_tokens must be > 0: attention over no tokens is undefined");
+  detail::dense_check_size(queries.size(), kv_heads * group * head_dim, "queries",
+                           "kv_heads * group * head_dim");
+  detail::dense_check_size(out.size(), kv_heads * group * head_dim, "out",
+                           "kv_heads * group * head_dim");
+  detail::dense_check_workspace(ws, group, head_dim, kv_heads);
+  const std::size_t rows = kv_heads * group;
+  std::span<float> m(A::max_scores(ws), rows), l(A::sums(ws), rows);
+  dense_partial_nhd_layer<T>(queries, kv_heads, group, keys, values, n_tokens, head_dim,
+                             softmax_scale, m, l, out, ws);
+  detail::dense_normalise(out.data(), l.data(), rows, head_dim, out.data());
+}
+
+}  // namespace certattn
