@@ -1,0 +1,191 @@
+// Shared pieces of certattn-bench's subcommands: the grid flags every subcommand takes
+// (contexts, heads, threads, layouts, ...), one layer's synthetic cache copied into the
+// layout under test, clocks and medians, the machine's read bandwidth, and a progress line.
+#pragma once
+
+#include <certattn/certattn.hpp>
+#include <certattn/dense.hpp>
+#include <certattn/synthetic.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace certattn::bench {
+
+namespace syn = certattn::synthetic;
+
+// ---- numbers with suffixes -------------------------------------------------------------
+
+/// "16384", "16K", "16k", "1M" -> tokens (K = 1024). Throws certattn::error.
+std::size_t parse_count(std::string_view text);
+/// 16384 -> "16K", 1048576 -> "1M", 1000 -> "1000".
+std::string format_count(std::size_t n);
+
+// ---- layouts ---------------------------------------------------------------------------
+
+enum class layout_kind { kHnd, kNhd, kPaged };
+std::string_view to_string(layout_kind k) noexcept;
+layout_kind layout_from_string(std::string_view s);
+
+/// One layer's cache (all KV heads) in one layout, fp16:
+///   hnd   [kv_heads][tokens][head_dim]: the synthetic cache itself, not copied
+///   nhd   [tokens][kv_heads][head_dim] (llama.cpp): a token's row holds every head
+///   paged FlashInfer HND pages [page][kv_heads][16 tokens][head_dim], shuffled block table
+class layer_cache {
+ public:
+  static constexpr std::size_t kPageTokens = 16;
+
+  layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed);
+  layer_cache(const layer_cache&) = delete;
+  layer_cache& operator=(const layer_cache&) = delete;
+
+  layout_kind kind() const noexcept { return kind_; }
+  std::size_t tokens() const noexcept { return n_; }
+  std::size_t heads() const noexcept { return heads_; }
+  std::size_t head_dim() const noexcept { return d_; }
+  /// Token-major rows (nhd only): [tokens][kv_heads][head_dim].
+  const half* keys() const noexcept { return k_; }
+  const half* values() const noexcept { return v_; }
+  /// K and V bytes of the first n tokens of every head: what dense attention reads.
+  std::size_t kv_bytes(std::size_t n) const noexcept { return 2 * n * d_ * heads_ * sizeof(half); }
+
+  strided_kv<half> strided(std::size_t h) const;  // hnd, nhd
+  paged_kv<half> paged(std::size_t h) const;      // paged
+
+  /// Calls f(view_of) with view_of(h) -> the kv_view of head h (all tokens), so that the
+  /// timed loops are compiled once per view type and never branch on the layout inside.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    if (kind_ == layout_kind::kPaged) return f([this](std::size_t h) { return paged(h); });
+    return f([this](std::size_t h) { return strided(h); });
+  }
+
+ private:
+  layout_kind kind_;
+  std::size_t n_, d_, heads_;
+  const half* k_ = nullptr;
+  const half* v_ = nullptr;
+  std::vector<half> keys_, values_;  // empty for hnd
+  std::vector<std::int32_t> table_;
+};
+
+// ---- the grid every subcommand runs ------------------------------------------------------
+
+/// Flags as typed on the command line (strings keep the 16K suffixes).
+struct grid_flags {
+  std::vector<std::string> contexts{"16K", "32K", "64K", "128K"};
+  std::size_t kv_heads = 8;
+  std::size_t group = 4;
+  std::size_t head_dim = 128;
+  std::vector<std::size_t> threads{1, 0};
+  std::vector<std::string> regimes{"mixed"};
+  std::vector<std::string> layouts{"hnd"};
+  std::vector<double> eps{0.1};
+  std::vector<double> delta{0.05};
+  std::size_t reps = 20;
+  std::size_t warmup = 2;
+  std::size_t flush_mib = 64;
+  std::string json, csv, plot;
+  std::uint64_t seed = 1;
+  bool quiet = false;
+};
+
+/// Registers the shared flags on a subcommand; `reps_help` says what a repetition is there.
+void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help);
+
+/// The flags resolved: contexts in tokens, thread counts with 0 replaced by all cores
+/// (duplicates dropped), regimes and layouts parsed. Throws certattn::error.
+struct grid {
+  std::vector<std::size_t> contexts;
+  std::vector<std::size_t> threads;
+  std::vector<syn::regime> regimes;
+  std::vector<layout_kind> layouts;
+};
+grid resolve(const grid_flags& f);
+
+/// One pool per thread count, made once and shared by every method timed with it.
+class pools {
+ public:
+  explicit pools(const std::vector<std::size_t>& counts);
+  thread_pool& get(std::size_t threads) { return *pools_.at(threads); }
+  /// The pool with the most threads (for setup work such as building indexes).
+  thread_pool& largest() { return *pools_.rbegin()->second; }
+
+ private:
+  std::map<std::size_t, std::unique_ptr<thread_pool>> pools_;
+};
+
+/// Queries of `steps` decoding steps for all heads: [steps][kv_heads][group][head_dim].
+std::vector<float> make_step_queries(const syn::kv_cache& cache, std::size_t group,
+                                     std::size_t steps, std::size_t first_step = 0);
+
+// ---- clocks -------------------------------------------------------------------------------
+
+using bench_clock = std::chrono::steady_clock;
+inline double seconds_since(bench_clock::time_point t0) {
+  return std::chrono::duration<double>(bench_clock::now() - t0).count();
+}
+/// The median; for an even count the mean of the two middle values. NaN when empty.
+double median(std::vector<double> v);
+
+// ---- the machine ----------------------------------------------------------------------------
+
+/// Streaming read bandwidth in GB/s (1e9 bytes/s): a `mib` MiB buffer summed as 64-bit
+/// integers (AVX-512 or AVX2 when the CPU has them), split evenly over the pool's threads,
+/// best of `trials`. The buffer is written once before timing so every page is mapped.
+double read_bandwidth_gbps(thread_pool& pool, std::size_t mib = 1024, int trials = 5);
+
+/// Evicts the caches before a timed call by reading a buffer of `mib` MiB on the calling
+/// thread (64 MiB: twice the L3 of the machines we measure on). In a real decode step the
+/// other layers are read between two calls on one layer, so neither the KV cache nor the
+/// index of a layer is still cached when its turn comes; without this, small contexts
+/// would be timed from the L3. mib = 0 turns it off.
+class cache_flusher {
+ public:
+  explicit cache_flusher(std::size_t mib);
+  void operator()() const;
+
+ private:
+  std::vector<std::uint64_t> buf_;
+};
+
+/// std::thread::hardware_concurrency(), at least 1.
+std::size_t threads_available();
+
+// ---- progress on stderr ----------------------------------------------------------------------
+
+/// A one-line progress indicator for runs longer than a few seconds: silent for the first
+/// `quiet_seconds`, then redrawn in place on a terminal (at most 5 times a second) or printed
+/// as a line every 10 s when stderr is a file or pipe. Work is counted in arbitrary units
+/// (the bench uses tokens x repetitions) so that the estimate of time left is sensible.
+class progress {
+ public:
+  progress(std::string name, double total_units, bool enabled, double quiet_seconds = 3.0);
+  ~progress();
+  void set_stage(std::string stage);  // what is running now, e.g. "64K hnd 2T"
+  void advance(double units);
+  void finish();
+
+ private:
+  void draw(bool force);
+  std::string name_, stage_;
+  double total_, done_ = 0.0;
+  bool enabled_, tty_, drawn_ = false, finished_ = false;
+  double quiet_;
+  bench_clock::time_point start_ = bench_clock::now(), last_draw_{};
+};
+
+}  // namespace certattn::bench

@@ -1,0 +1,467 @@
+// certattn-bench speed: one decoding step of one layer (all KV heads), dense attention and
+// the certified call timed alternately on the same queries, threads and cache.
+//
+// For each (regime, context): a synthetic cache and its key indexes are built once; for each
+// layout the cache is copied into that layout; for each thread count, epsilon and delta the
+// two methods run A B A B ... (warm-up steps first), each step with fresh queries and fresh
+// perturbations (noise_key.step advances every repetition).
+#include "bench_common.hpp"
+#include "commands.hpp"
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace certattn::bench {
+namespace {
+
+constexpr const char* kStageNames[6] = {"window", "scan", "max", "candidates", "levels", "fallback"};
+
+struct speed_flags : grid_flags {
+  std::size_t bandwidth_mib = 1024;
+};
+
+struct speed_row {
+  std::size_t context = 0, kv_heads = 0, group = 0, head_dim = 0, threads = 0, reps = 0;
+  layout_kind layout = layout_kind::kHnd;
+  syn::regime regime = syn::regime::kMixed;
+  double eps = 0, delta = 0;
+  double dense_ms = 0, certified_ms = 0, speedup = 0;
+  double keys_read_frac = 0, keys_read_per_head = 0, bytes_read_frac = 0;
+  double certified_frac = 0, fallback_frac = 0;
+  double dense_gbps = 0, read_gbps = 0, dense_bw_frac = 0;
+  double stage_ms[6] = {};  // per step, summed over heads (CERTATTN_PROFILE_STAGES only)
+};
+
+record to_record(const speed_row& r) {
+  record rec{
+      {"context", std::uint64_t(r.context)},
+      {"kv_heads", std::uint64_t(r.kv_heads)},
+      {"group", std::uint64_t(r.group)},
+      {"head_dim", std::uint64_t(r.head_dim)},
+      {"threads", std::uint64_t(r.threads)},
+      {"layout", std::string(to_string(r.layout))},
+      {"regime", std::string(syn::to_string(r.regime))},
+      {"eps", r.eps},
+      {"delta", r.delta},
+      {"reps", std::uint64_t(r.reps)},
+      {"dense_ms", r.dense_ms},
+      {"certified_ms", r.certified_ms},
+      {"speedup", r.speedup},
+      {"keys_read_frac", r.keys_read_frac},
+      {"keys_read_per_head", r.keys_read_per_head},
+      {"bytes_read_frac", r.bytes_read_frac},
+      {"certified_frac", r.certified_frac},
+      {"fallback_frac", r.fallback_frac},
+      {"dense_gbps", r.dense_gbps},
+      {"read_gbps", r.read_gbps},
+      {"dense_bw_frac", r.dense_bw_frac},
+  };
+#ifdef CERTATTN_PROFILE_STAGES
+  for (int i = 0; i < 6; ++i) rec.push_back({std::string("stage_ms_") + kStageNames[i], r.stage_ms[i]});
+#endif
+  return rec;
+}
+
+/// Per-worker scratch of both methods, sized for one context.
+struct worker_scratch {
+  std::vector<attend_workspace> attend;
+  std::vector<dense_workspace> dense;
+  worker_scratch(std::size_t workers, std::size_t group, std::size_t d, std::size_t heads,
+                 std::size_t tokens) {
+    for (std::size_t w = 0; w < workers; ++w) {
+      attend.emplace_back(group, d, tokens);
+      dense.emplace_back(group, d, heads);
+    }
+  }
+};
+
+/// What one step measured.
+struct step_result {
+  double dense_s = 0, certified_s = 0;
+  std::size_t keys_read = 0, bytes_read = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
+  double stage_s[6] = {};
+};
+
+/// Dense attention over a token-major layer with a pool: one dense_attend_nhd_layer pass
+/// per thread over its own range of tokens (flash-decoding's split-K), then the partial
+/// softmax states merged. A single thread makes one pass over the whole layer.
+class nhd_dense_split {
+ public:
+  nhd_dense_split(std::size_t threads, std::size_t n, std::size_t rows, std::size_t d) : rows_(rows), d_(d) {
+    constexpr std::size_t kAlign = 256;  // whole chunks of the kernel per part
+    const std::size_t parts = std::max<std::size_t>(1, std::min(threads, (n + kAlign - 1) / kAlign));
+    for (std::size_t p = 0; p <= parts; ++p) bounds_.push_back(std::min(n, (n * p / parts + kAlign - 1) / kAlign * kAlign));
+    bounds_.back() = n;
+    out_.assign(parts * rows * d, 0.0f);
+    max_.assign(parts * rows, 0.0f);
+    sum_.assign(parts * rows, 0.0f);
+  }
+  std::size_t parts() const noexcept { return bounds_.size() - 1; }
+
+  void run(const layer_cache& lc, std::span<const float> q, std::size_t group, thread_pool& pool,
+           std::vector<dense_workspace>& ws, std::span<float> out) {
+    const std::size_t H = lc.heads(), d = d_, row = H * d;
+    if (parts() == 1) {
+      dense_attend_nhd_layer<half>(q, H, group, lc.keys(), lc.values(), lc.tokens(), d, 0.0f, out, ws[0]);
+      return;
+    }
+    using A = detail::dense_workspace_access;
+    pool.parallel_for(parts(), [&](std::size_t p, std::size_t w) {
+      const std::size_t t0 = bounds_[p], t1 = bounds_[p + 1];
+      dense_attend_nhd_layer<half>(q, H, group, lc.keys() + t0 * row, lc.values() + t0 * row, t1 - t0, d,
+                                   0.0f, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
+      // The layer call leaves each row's running max and sum in the workspace.
+      std::copy_n(A::max_scores(ws[w]), rows_, max_.data() + p * rows_);
+      std::copy_n(A::sums(ws[w]), rows_, sum_.data() + p * rows_);
+    });
+    for (std::size_t r = 0; r < rows_; ++r) {
+      float m = -INFINITY;
+      for (std::size_t p = 0; p < parts(); ++p) m = std::max(m, max_[p * rows_ + r]);
+      float den = 0.0f;
+      float* o = out.data() + r * d;
+      std::fill(o, o + d, 0.0f);
+      for (std::size_t p = 0; p < parts(); ++p) {
+        const float wgt = sum_[p * rows_ + r] * std::exp(max_[p * rows_ + r] - m);
+        den += wgt;
+        const float* op = out_.data() + (p * rows_ + r) * d;
+        for (std::size_t i = 0; i < d; ++i) o[i] += wgt * op[i];
+      }
+      for (std::size_t i = 0; i < d; ++i) o[i] /= den;
+    }
+  }
+
+ private:
+  std::size_t rows_, d_;
+  std::vector<std::size_t> bounds_;
+  std::vector<float> out_, max_, sum_;
+};
+
+/// Runs `steps` decoding steps of one configuration, dense then certified in each.
+template <class ViewOf>
+std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const std::vector<key_index>& idx,
+                                   const std::vector<float>& queries, std::size_t group, const options& opt,
+                                   std::size_t steps, thread_pool& pool, worker_scratch& ws,
+                                   const cache_flusher& flush, progress& prog, double units_per_step) {
+  const std::size_t H = lc.heads(), d = lc.head_dim(), n = lc.tokens(), G = group;
+  const std::size_t per_step = H * G * d;
+  std::vector<float> out_dense(per_step), out_cert(per_step);
+  std::vector<certificate> certs(H * G);
+  std::vector<group_stats> stats(H);
+  nhd_dense_split nhd(pool.size(), n, H * G, d);
+  std::vector<step_result> res(steps);
+
+  for (std::size_t s = 0; s < steps; ++s) {
+    const std::span<const float> q(queries.data() + s * per_step, per_step);
+    step_result& r = res[s];
+
+    flush();
+    auto t0 = bench_clock::now();
+    if (lc.kind() == layout_kind::kNhd) {
+      nhd.run(lc, q, G, pool, ws.dense, out_dense);
+    } else {
+      pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+        dense_attend(q.subspan(h * G * d, G * d), G, view_of(h), 0.0f,
+                     std::span<float>(out_dense.data() + h * G * d, G * d), ws.dense[w]);
+      });
+    }
+    r.dense_s = seconds_since(t0);
+
+    flush();
+    t0 = bench_clock::now();
+    pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+      attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
+                   noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
+                   std::span<float>(out_cert.data() + h * G * d, G * d),
+                   std::span<certificate>(certs.data() + h * G, G), ws.attend[w]);
+      stats[h] = ws.attend[w].last_stats();
+    });
+    r.certified_s = seconds_since(t0);
+
+    for (std::size_t h = 0; h < H; ++h) {
+      r.keys_read += stats[h].keys_read;
+      r.bytes_read += stats[h].bytes_read;
+      r.dense_bytes += stats[h].dense_bytes;
+      r.fallbacks += stats[h].fallbacks;
+      for (int i = 0; i < 6; ++i) r.stage_s[i] += stats[h].stage_seconds[i];
+    }
+    for (const certificate& c : certs) r.certified += c.certified ? 1 : 0;
+    prog.advance(units_per_step);
+  }
+  return res;
+}
+
+speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std::size_t n,
+                    std::size_t H, std::size_t G, std::size_t kv_bytes, double read_gbps) {
+  speed_row row;
+  std::vector<double> dense, cert, ratio;
+  double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
+  for (std::size_t s = warmup; s < all.size(); ++s) {
+    const step_result& r = all[s];
+    dense.push_back(r.dense_s);
+    cert.push_back(r.certified_s);
+    ratio.push_back(r.dense_s / r.certified_s);
+    keys += double(r.keys_read);
+    bytes += double(r.bytes_read);
+    dense_bytes += double(r.dense_bytes);
+    certified += double(r.certified);
+    fallbacks += double(r.fallbacks);
+    for (int i = 0; i < 6; ++i) row.stage_ms[i] += 1e3 * r.stage_s[i];
+  }
+  const double steps = double(dense.size()), calls = steps * double(H * G);
+  row.reps = dense.size();
+  row.dense_ms = 1e3 * median(dense);
+  row.certified_ms = 1e3 * median(cert);
+  row.speedup = median(ratio);
+  row.keys_read_per_head = keys / calls;
+  row.keys_read_frac = keys / (calls * double(n));
+  row.bytes_read_frac = bytes / dense_bytes;
+  row.certified_frac = certified / calls;
+  row.fallback_frac = fallbacks / calls;
+  row.dense_gbps = double(kv_bytes) / (row.dense_ms * 1e-3) * 1e-9;
+  row.read_gbps = read_gbps;
+  row.dense_bw_frac = row.dense_gbps / read_gbps;
+  for (double& x : row.stage_ms) x /= steps;
+  return row;
+}
+
+// ---- output ----------------------------------------------------------------------------------
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+std::string join(const std::vector<double>& v) {
+  std::string s;
+  for (double x : v) s += (s.empty() ? "" : ",") + strf("%g", x);
+  return s;
+}
+
+std::string series_label(const speed_row& r, bool layouts, bool threads, bool regimes, bool eps, bool delta) {
+  std::string s;
+  auto add = [&s](const std::string& x) { s += (s.empty() ? "" : ", ") + x; };
+  if (layouts) add(std::string(to_string(r.layout)));
+  if (threads) add(std::to_string(r.threads) + (r.threads == 1 ? " thread" : " threads"));
+  if (regimes) add(std::string(syn::to_string(r.regime)));
+  if (eps) add(strf("eps %g", r.eps));
+  if (delta) add(strf("delta %g", r.delta));
+  return s.empty() ? "certified" : s;
+}
+
+void report(const speed_flags& f, const grid& g, const std::vector<speed_row>& rows,
+            const std::map<std::size_t, double>& bandwidth) {
+  const bool many_regimes = g.regimes.size() > 1, many_eps = f.eps.size() > 1, many_delta = f.delta.size() > 1;
+  std::vector<std::string> headers{"context", "<layout", "thr"};
+  if (many_regimes) headers.push_back("<regime");
+  if (many_eps) headers.push_back("eps");
+  if (many_delta) headers.push_back("delta");
+  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "certified %",
+                        "dense GB/s", "of read bw"})
+    headers.push_back(h);
+  text_table table(headers);
+  for (const speed_row& r : rows) {
+    std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads)};
+    if (many_regimes) c.push_back(std::string(syn::to_string(r.regime)));
+    if (many_eps) c.push_back(strf("%g", r.eps));
+    if (many_delta) c.push_back(strf("%g", r.delta));
+    c.push_back(strf("%.2f", r.dense_ms));
+    c.push_back(strf("%.2f", r.certified_ms));
+    c.push_back(strf("%.2fx", r.speedup));
+    c.push_back(strf("%.2f", 100.0 * r.keys_read_frac));
+    c.push_back(strf("%.0f", r.keys_read_per_head));
+    c.push_back(strf("%.1f", 100.0 * r.bytes_read_frac));
+    c.push_back(strf("%.1f", 100.0 * r.certified_frac));
+    c.push_back(strf("%.1f", r.dense_gbps));
+    c.push_back(strf("%.0f%%", 100.0 * r.dense_bw_frac));
+    table.add_row(c);
+  }
+  std::printf("\n");
+  table.print(stdout);
+  std::printf(
+      "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, fp16); speedup = median of "
+      "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
+      "group_stats.bytes_read / dense_bytes (K and V once).\n",
+      f.reps, f.kv_heads, f.group, f.head_dim);
+
+#ifdef CERTATTN_PROFILE_STAGES
+  std::vector<std::string> sh{"context", "<layout", "thr"};
+  for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
+  text_table stages(sh);
+  for (const speed_row& r : rows) {
+    std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads)};
+    for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
+    stages.add_row(c);
+  }
+  std::printf("\ncertified call by stage (CERTATTN_PROFILE_STAGES): ms per step, summed over heads\n");
+  stages.print(stdout);
+#endif
+
+  std::vector<record> recs;
+  for (const speed_row& r : rows) recs.push_back(to_record(r));
+  if (!f.json.empty()) {
+    json_writer j;
+    j.begin_object().key("command").value("speed");
+    j.key("machine").begin_object();
+    j.key("read_gbps").value(bandwidth.at(1));
+    j.key("read_gbps_by_threads").begin_object(true);
+    for (const auto& [t, bw] : bandwidth) j.key(std::to_string(t)).value(bw);
+    j.end_object();
+    j.key("isa").value(std::string(to_string(active_isa())));
+    j.key("threads_available").value(std::uint64_t(threads_available()));
+    j.end_object();
+    j.key("config").begin_object(true);
+    j.key("reps").value(std::uint64_t(f.reps)).key("warmup").value(std::uint64_t(f.warmup));
+    j.key("seed").value(std::uint64_t(f.seed)).key("bandwidth_mib").value(std::uint64_t(f.bandwidth_mib));
+    j.key("flush_mib").value(std::uint64_t(f.flush_mib));
+#ifdef CERTATTN_PROFILE_STAGES
+    j.key("profile_stages").value(true);
+#else
+    j.key("profile_stages").value(false);
+#endif
+    j.end_object();
+    j.key("rows").begin_array();
+    for (const record& r : recs) j.begin_object(true).fields(r).end_object();
+    j.end_array().end_object();
+    write_file(f.json, j.str());
+    std::printf("wrote %s\n", f.json.c_str());
+  }
+  if (!f.csv.empty()) {
+    write_file(f.csv, to_csv(recs));
+    std::printf("wrote %s\n", f.csv.c_str());
+  }
+  if (!f.plot.empty()) {
+    const bool ml = g.layouts.size() > 1, mt = g.threads.size() > 1;
+    plot_spec speed{"speedup_vs_context.png", "certified vs dense attention, one decoding step of one layer",
+                    "context (tokens)", "speedup over dense (median of per-step ratios)", true, true, 1.0, {}};
+    plot_spec keys{"keys_read_vs_context.png", "exact key rows read per query head",
+                   "context (tokens)", "keys read per query head", true, true, -1.0, {}};
+    std::map<std::string, std::size_t> where;
+    for (const speed_row& r : rows) {
+      const std::string label = series_label(r, ml, mt, many_regimes, many_eps, many_delta);
+      if (!where.count(label)) {
+        where[label] = speed.series.size();
+        speed.series.push_back({label, {}, {}});
+        keys.series.push_back({label, {}, {}});
+      }
+      const std::size_t i = where[label];
+      speed.series[i].x.push_back(double(r.context));
+      speed.series[i].y.push_back(r.speedup);
+      keys.series[i].x.push_back(double(r.context));
+      keys.series[i].y.push_back(r.keys_read_per_head);
+    }
+    for (const std::string& file : write_plots(f.plot, {speed, keys})) std::printf("wrote %s\n", file.c_str());
+  }
+}
+
+// ---- the command -------------------------------------------------------------------------------
+
+void run_speed(const speed_flags& f) {
+  const grid g = resolve(f);
+  const std::size_t H = f.kv_heads, G = f.group, d = f.head_dim;
+  const std::size_t steps = f.warmup + f.reps;
+  pools P(g.threads);
+  const cache_flusher flush(f.flush_mib);
+
+  // Work units ~ bytes touched: a step costs n*H per method; building the cache and the
+  // indexes of a context costs about as much as kSetupSteps steps (measured on the dev box).
+  constexpr double kSetupSteps = 150.0;
+  double total = 0;
+  for (std::size_t n : g.contexts) {
+    total += double(g.regimes.size()) * double(n * H) * kSetupSteps;
+    total += double(g.regimes.size() * g.layouts.size() * g.threads.size() * f.eps.size() * f.delta.size()) *
+             double(steps) * double(n * H);
+  }
+  progress prog("certattn-bench speed", total, !f.quiet);
+
+  // Per thread count, and always for one thread (the machine's figure in the JSON).
+  std::map<std::size_t, double> bandwidth;
+  prog.set_stage("measuring read bandwidth");
+  for (std::size_t t : g.threads) bandwidth[t] = read_bandwidth_gbps(P.get(t), f.bandwidth_mib);
+  if (!bandwidth.count(1)) {
+    thread_pool one(1);
+    bandwidth[1] = read_bandwidth_gbps(one, f.bandwidth_mib);
+  }
+  std::printf("machine: isa %s, %zu hardware threads; read bandwidth", std::string(to_string(active_isa())).c_str(),
+              threads_available());
+  for (const auto& [t, bw] : bandwidth) std::printf("  %zu thread%s %.1f GB/s", t, t == 1 ? "" : "s", bw);
+  std::printf("\n");
+  std::printf("grid: regime %s, eps %s, delta %s, kv_heads %zu, group %zu, head_dim %zu, %zu warm-up + %zu timed steps\n",
+              join(f.regimes).c_str(), join(f.eps).c_str(), join(f.delta).c_str(), H, G, d, f.warmup, f.reps);
+  std::fflush(stdout);
+
+  std::vector<speed_row> rows;
+  for (syn::regime regime : g.regimes) {
+    for (std::size_t n : g.contexts) {
+      const std::string ctx = format_count(n) + " " + std::string(syn::to_string(regime));
+      prog.set_stage(ctx + ": synthetic cache");
+      syn::cache_config cfg;
+      cfg.n_tokens = n;
+      cfg.head_dim = d;
+      cfg.kv_heads = H;
+      cfg.kind = regime;
+      cfg.seed = f.seed;
+      const syn::kv_cache cache = syn::make_cache(cfg);
+      prog.set_stage(ctx + ": key indexes");
+      std::vector<key_index> idx(H, key_index(d));
+      P.largest().parallel_for(H, [&](std::size_t h, std::size_t) {
+        idx[h].build(hnd_view(cache.keys.data(), cache.values.data(), n, n, H, d, h));
+      });
+      const std::vector<float> queries = make_step_queries(cache, G, steps);
+      worker_scratch scratch(P.largest().size(), G, d, H, n);
+      prog.advance(double(n * H) * kSetupSteps);
+
+      for (layout_kind layout : g.layouts) {
+        const layer_cache lc(cache, layout, f.seed);
+        for (std::size_t t : g.threads)
+          for (double eps : f.eps)
+            for (double delta : f.delta) {
+              prog.set_stage(ctx + " " + std::string(to_string(layout)) + " " + std::to_string(t) + "T");
+              options opt;
+              opt.epsilon = eps;
+              opt.delta = delta;
+              opt.seed = f.seed;
+              const std::vector<step_result> res = lc.visit([&](auto view_of) {
+                return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
+                                 2.0 * double(n * H));
+              });
+              speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
+              row.context = n;
+              row.kv_heads = H;
+              row.group = G;
+              row.head_dim = d;
+              row.threads = t;
+              row.layout = layout;
+              row.regime = regime;
+              row.eps = eps;
+              row.delta = delta;
+              rows.push_back(row);
+            }
+      }
+    }
+  }
+  prog.finish();
+  report(f, g, rows, bandwidth);
+}
+
+}  // namespace
+
+void add_speed_command(CLI::App& app) {
+  auto f = std::make_shared<speed_flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "speed",
+      "time one decoding step of one layer: dense attention vs the certified call (median ms, speedup, keys and "
+      "bytes read, fraction certified, bandwidth)");
+  add_grid_flags(*cmd, *f, "timed decoding steps per configuration (after the warm-up)");
+  cmd->add_option("--bandwidth-mib", f->bandwidth_mib, "buffer size of the read-bandwidth measurement (MiB)")
+      ->capture_default_str();
+  cmd->callback([f] { run_speed(*f); });
+}
+
+}  // namespace certattn::bench
