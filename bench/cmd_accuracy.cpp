@@ -327,6 +327,7 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
         exact_m[ci] = w.ex.M;
         exact_norm[ci] = w.ex.o_norm;
         auto record = [&](config_stats& c, double err, double keys, double bytes) {
+          if (!std::isfinite(err)) err = INFINITY;  // a broken estimate counts as the worst
           c.err_m[ci] = float(err / w.ex.M);
           c.err_o[ci] = float(err / w.ex.o_norm);
           c.keys[ci] = float(keys);
@@ -493,7 +494,7 @@ struct target_row {
   std::string best;
 };
 
-void write_gnuplot(const std::string& dir, const std::string& script, const std::vector<std::string>& files) {
+void write_gnuplot(const std::string& script, const std::vector<std::string>& files) {
   if (!gnuplot_on_path()) {
     std::fprintf(stderr, "--plot: gnuplot is not on PATH, no plots written (Debian: apt-get install gnuplot-nox)\n");
     return;
@@ -511,7 +512,6 @@ void write_gnuplot(const std::string& dir, const std::string& script, const std:
     if (std::filesystem::exists(file, ec) && std::filesystem::file_size(file, ec) > 0)
       std::printf("wrote %s\n", file.c_str());
   }
-  (void)dir;
 }
 
 std::string safe_name(std::string s) {
@@ -597,13 +597,13 @@ void plots(const accuracy_flags& f, const std::vector<setting_result>& results) 
       script += "reset\nset output " + q(tail) + "\nset title " +
                 q("fraction of calls with error / M >= x at matched keys, " + r.name) +
                 " noenhanced\nset xlabel 'error / M'\nset ylabel 'fraction of calls'\nset logscale xy\n"
-                "set format x '%g'\nset format y '%g'\nset grid\n"
+                "set format x '%g'\nset format y '%g'\nset xrange [1e-4:*]\nset grid\n"
                 "set key outside right noenhanced\n" +
                 strf("set arrow from %g, graph 0 to %g, graph 1 nohead dt 3 lc rgb 'gray40'\n", f.eps, f.eps) + cmd +
                 "\n" + data + "unset output\n";
     }
   }
-  write_gnuplot(f.plot, script, files);
+  write_gnuplot(script, files);
 }
 
 void report(const accuracy_flags& f, const std::vector<setting_result>& results) {

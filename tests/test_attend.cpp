@@ -201,3 +201,67 @@ INSTANTIATE_TEST_SUITE_P(Covering, FastPathExact, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return name_of(info.param); });
 
 }  // namespace
+
+namespace {
+using namespace certattn;
+
+// Regression: a token whose hash has its top 24 bits zero (probability 2^-24, about once
+// per call at 128K) has E >= 16.6 and is almost surely sampled. Its perturbation bound
+// was once +inf, which the candidate filter (y < upper) dropped: the fast path lost the
+// key. Find a step where such a token lies in the pool and compare with the reference.
+TEST(FastPathExactRegression, TokenWithZeroTopHashBits) {
+  const std::size_t n = 4096, d = 64, G = 2;
+  options opt;
+  opt.seed = 5;
+  std::uint64_t step = 0;
+  std::size_t token = n;
+  for (std::uint64_t s = 0; s < 200000 && token == n; ++s) {
+    const perturbation pert(opt.seed, noise_key{s, 0, 0});
+    for (std::size_t t = 0; t + opt.window < n; ++t)
+      if ((pert.bits(t) >> 40) == 0) {
+        step = s;
+        token = t;
+        break;
+      }
+  }
+  ASSERT_LT(token, n) << "no such token found";
+  EXPECT_EQ(perturbation::exp1_upper_from_bits(perturbation(opt.seed, {step, 0, 0}).bits(token)),
+            perturbation::kMaxExp1);
+  EXPECT_GE(double(perturbation::kMaxExp1), perturbation(opt.seed, {step, 0, 0}).exp1(token));
+
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kind = synthetic::regime::kMild;
+  const auto src = synthetic::make_cache(cfg);
+  const strided_kv<half> kv(src.key_row(0, 0), src.value_row(0, 0), n, d, d, d);
+  key_index idx(d);
+  idx.build(kv);
+  attend_workspace ws(G, d, n);
+  ws.record_samples(true);
+  std::vector<float> out(G * d);
+  std::vector<certificate> certs(G);
+  const std::vector<float> q = synthetic::make_queries(src, 0, G, step);
+  for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+    if (int(a) > int(detected_isa())) continue;
+    set_isa_cap(a);
+    attend_group(std::span<const float>(q), G, kv, idx, noise_key{step, 0, 0}, opt,
+                 std::span<float>(out), std::span<certificate>(certs), ws);
+    set_isa_cap(isa::kAvx512Vnni);
+    for (std::size_t g = 0; g < G; ++g) {
+      const auto r = reference_attend(std::span<const float>(q.data() + g * d, d), keys_matrix(kv),
+                                      values_matrix(kv), opt, noise_key{step, 0, 0},
+                                      {idx.value_center(), idx.value_cap()});
+      ASSERT_EQ(certs[g].level, r.cert.level) << to_string(a);
+      ASSERT_EQ(certs[g].heavy, r.cert.heavy) << to_string(a);
+      ASSERT_EQ(certs[g].sampled, r.cert.sampled) << to_string(a);
+      if (!certs[g].exact && r.sample_level[token] >= 0 && r.sample_level[token] <= r.cert.level) {
+        bool found = false;
+        for (const auto& sk : ws.samples(g)) found = found || sk.token == token;
+        EXPECT_TRUE(found) << "the zero-top-bits token was dropped (" << to_string(a) << ")";
+      }
+    }
+  }
+}
+
+}  // namespace

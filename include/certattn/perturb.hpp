@@ -62,7 +62,9 @@ class perturbation {
   /// (scalar, AVX-512) evaluates the same float operations, so the bounds are identical.
   static float exp1_upper_from_bits(std::uint64_t b) noexcept {
     const std::uint32_t t = std::uint32_t(b >> 40);
-    if (t == 0) return std::numeric_limits<float>::infinity();
+    // t = 0 (probability 2^-24): U >= 2^-53, so E <= 53 ln2 = 36.737. A finite bound, not
+    // +inf: the candidate filters compare y < upper, which +inf would fail.
+    if (t == 0) return kMaxExp1;
     const float x = float(t);  // exact: t < 2^24
     std::uint32_t xb;
     std::memcpy(&xb, &x, 4);
@@ -77,6 +79,7 @@ class perturbation {
   float exp1_upper(std::uint64_t token) const noexcept {
     return exp1_upper_from_bits(bits(token));
   }
+  static constexpr float kMaxExp1 = 36.75f;
   static constexpr float kLogQuad = 0.3466f;
   static constexpr float kLog2Offset = 24.01f;
   static constexpr float kLn2f = 0.693147182f;  // rounded up

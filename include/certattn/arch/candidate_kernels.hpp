@@ -69,7 +69,7 @@ CERTATTN_TARGET_AVX512 inline __m512 exp1_upper_avx512(__m512i lo8, __m512i hi8)
   __m512 r = _mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(perturbation::kLog2Offset), log2t),
                            _mm512_set1_ps(perturbation::kLn2f));
   const __mmask16 zero = _mm512_cmpeq_epi32_mask(t, _mm512_setzero_si512());
-  return _mm512_mask_blend_ps(zero, r, _mm512_set1_ps(INFINITY));
+  return _mm512_mask_blend_ps(zero, r, _mm512_set1_ps(perturbation::kMaxExp1));
 }
 
 CERTATTN_TARGET_AVX512 inline __m512i mix64_avx512(__m512i x) noexcept {
