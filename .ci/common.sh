@@ -5,6 +5,10 @@
 CERTATTN_BUILD_PACKAGES=(cmake g++ make libeigen3-dev libxsimd-dev libcli11-dev libgtest-dev
                          libbenchmark-dev)
 
+# What tests/fuzz/run.sh needs: clang with libFuzzer (libclang-rt-14-dev holds it on
+# bookworm) and the headers the library includes.
+CERTATTN_FUZZ_PACKAGES=(clang libclang-rt-14-dev libeigen3-dev)
+
 # ensure_packages PKG...: apt-get install the packages that dpkg does not list as installed.
 ensure_packages() {
   local missing=() p

@@ -56,19 +56,23 @@ inline std::vector<float> value_mean(matrix_view<T> values, std::size_t count) {
 
 /// The cap on ||v - g|| above which a token joins the exact set: kValueCapFactor times the
 /// 99th percentile of the given distances, raised if needed so that at most
-/// max_exact_set(n) tokens exceed it (the exact set is read at every call); +inf (no exact
-/// set) for fewer than kMinTokensForCap distances, where the percentile means little.
+/// max_exact_set(n) tokens exceed it (the exact set is read at every call); no exact set
+/// for fewer than kMinTokensForCap distances, where the percentile means little.
 /// The limit trades reads for R: 64 tokens, or 1/256 of the cache when that is more, so
 /// that a fixed fraction of outliers (as in the synthetic caches: 0.27%) stays out of R
 /// at every context length instead of making R, and the sample, grow with n.
+/// The cap never exceeds FLT_MAX: a distance bound that overflowed float (+inf, values of
+/// norm beyond 3.4e38) always puts its token in the exact set, whatever the limit, so that
+/// R, and the certificate's beta, stay finite.
 inline constexpr double kValueCapFactor = 1.5;
 inline constexpr std::size_t kMinTokensForCap = 256;
 inline constexpr std::size_t max_exact_set(std::size_t n) noexcept {
   return n / 256 > 64 ? n / 256 : 64;
 }
 inline float value_cap_from(std::vector<float> dists) {
+  constexpr float kMaxCap = std::numeric_limits<float>::max();
   const std::size_t n = dists.size();
-  if (n < kMinTokensForCap) return std::numeric_limits<float>::infinity();
+  if (n < kMinTokensForCap) return kMaxCap;
   const std::size_t k = n * 99 / 100;
   std::nth_element(dists.begin(), dists.begin() + std::ptrdiff_t(k), dists.end());
   double cap = kValueCapFactor * double(dists[k]);
@@ -76,7 +80,7 @@ inline float value_cap_from(std::vector<float> dists) {
   const std::size_t top = n - max_exact_set(n) - 1;
   std::nth_element(dists.begin(), dists.begin() + std::ptrdiff_t(top), dists.end());
   cap = std::max(cap, double(dists[top]));
-  return round_up_to_float(cap);
+  return std::min(round_up_to_float(cap), kMaxCap);
 }
 
 }  // namespace certattn
