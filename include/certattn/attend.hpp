@@ -38,7 +38,8 @@
 
 namespace certattn {
 
-/// What one group call read, for benches and tests (bytes by the formula of docs/bytes.md).
+/// What one group call read, for benches and tests (bytes by the formula of
+/// docs/fast-path.md, "Bytes read").
 struct group_stats {
   std::size_t tokens = 0;            // n
   std::size_t pool = 0;              // n - window
