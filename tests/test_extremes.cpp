@@ -362,6 +362,74 @@ TEST(Extremes, ValueNormsBeyondFloatJoinTheExactSet) {
     }
 }
 
+// Scores in float's subnormal range (float keys ~1e-40, queries ~1e-3: s ~ 1e-43). The
+// 4-bit bounds were computed with relative rounding margins only and fell below the
+// scores (found by the fuzzer: the maximum score c differed from the reference's); an
+// absolute margin of a few hundred 2^-149 now covers float's absolute rounding there.
+TEST(Extremes, SubnormalScoresStayBelowTheirBounds) {
+  for (double km : {3e-42, 1e-40, 1e-38}) {
+    const std::size_t n = 700, d = 128;
+    const head_cache<float> c(
+        n, d, [&](std::size_t t, std::size_t i) { return km * gauss(51, t * 1000 + i); },
+        [](std::size_t t, std::size_t i) { return gauss(52, t * 1000 + i); });
+    key_index idx(d);
+    idx.build(c.view());
+    for (double qm : {1e-3, 1.0}) {
+      SCOPED_TRACE("keys ~" + std::to_string(km) + ", queries ~" + std::to_string(qm));
+      std::vector<float> q(d);
+      for (std::size_t i = 0; i < d; ++i) q[i] = float(qm * gauss(53, i));
+      for (isa arch : kArchs) {
+        if (int(arch) > int(detected_isa())) continue;
+        const std::size_t blocks = (n + 127) / 128;  // the scan writes whole blocks
+        std::vector<float> u(blocks * 128), block_max(blocks);
+        std::vector<std::int8_t> qa(idx.padded_dim());
+        detail::block_query_prep prep;
+        scan_request r;
+        r.index = &idx;
+        r.queries = q.data();
+        r.nq = 1;
+        r.softmax_scale = 0.1;
+        r.pool_end = n;
+        r.u = u.data();
+        r.u_stride = blocks * 128;
+        r.block_max = block_max.data();
+        r.block_stride = blocks;
+        r.qa = qa.data();
+        r.prep = &prep;
+        scan_score_bounds(r, arch);
+        std::size_t below = 0;
+        for (std::size_t t = 0; t < n; ++t)
+          below += double(u[t]) < 0.1 * detail::score_dot(q.data(), c.keys.data() + t * d, d);
+        EXPECT_EQ(below, 0u) << to_string(arch);
+      }
+      options opt;
+      opt.softmax_scale = 0.1;
+      expect_exact(c, std::vector<float>(q.begin(), q.end()), 1, opt);
+    }
+  }
+}
+
+// Keys near +-FLT_MAX, appended one by one (appended blocks get range headroom, which used
+// to push the block offset to -inf and the bounds to NaN; the fuzzer found it).
+TEST(Extremes, KeysNearTheFloatMaximumAppended) {
+  const std::size_t n = 400, d = 16;
+  const head_cache<float> c(
+      n, d, [](std::size_t t, std::size_t i) { return gauss(61, t * 100 + i) > 0 ? 3.0e38 : -3.0e38; },
+      [](std::size_t t, std::size_t i) { return gauss(62, t * 100 + i); });
+  options opt;
+  opt.window = 8;
+  const auto q = queries(2, d, 1e-10, 63);
+  expect_exact(c, q, 2, opt, 100);
+  key_index idx(d);
+  idx.build(c.view(100));
+  for (std::size_t t = 100; t < n; ++t) idx.append(c.view(), t);
+  for (std::size_t b = 0; b < idx.blocks(); ++b)
+    for (std::size_t i = 0; i < d; ++i) {
+      EXPECT_TRUE(std::isfinite(idx.block_lo(b)[i])) << "block " << b;
+      EXPECT_TRUE(std::isfinite(idx.block_step4(b)[i])) << "block " << b;
+    }
+}
+
 // ---- non-finite input ----------------------------------------------------------------
 
 template <storage_element T>

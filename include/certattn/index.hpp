@@ -311,8 +311,9 @@ class key_index {
       double mn = mins_[i], mx = maxs_[i];
       if (headroom) {
         const double h = 0.25 * (mx - mn) + 0x1p-10 * std::max(std::fabs(mn), std::fabs(mx));
-        mn -= h;
-        mx += h;
+        // Within float's range: keys near +-FLT_MAX would get lo = -inf (NaN bounds).
+        mn = std::max(mn - h, -double(std::numeric_limits<float>::max()));
+        mx = std::min(mx + h, double(std::numeric_limits<float>::max()));
       }
       lo[i] = float(mn);
       if (double(lo[i]) > mn) lo[i] = std::nextafter(lo[i], -std::numeric_limits<float>::infinity());

@@ -64,8 +64,13 @@ inline block_query_prep finish_prep(float alpha, double scale, double sum_ql, do
   const double c = sum_ql + 0.5 * sum_a + 16.0 * sum_epos;
   const double mag = sum_qlabs + 32.0 * sum_abs;
   out.alpha = static_cast<float>(scale * double(alpha));
+  // Below FLT_MIN the float roundings err by up to 2^-150 absolutely, not relatively:
+  // alpha' (rounded to nearest) times |dot| <= 15 * 127 * padded_dim, the fma, the rho
+  // product and the final sum. This absolute term covers them (the fuzzer found bounds
+  // below scores of ~1e-43 with subnormal keys); elsewhere it is negligible.
+  const double tiny = (2048.0 * double(padded_dim) + 16.0) * 0x1p-149;
   // scale > 0; each product is not followed by an addition, so no contraction applies.
-  out.offset = round_up_to_float(scale * (c + mag * 0x1p-20));
+  out.offset = round_up_to_float(scale * (c + mag * 0x1p-20) + tiny);
   out.holder = round_up_to_float(scale * (0.5 * sum_abs) * (1.0 + 0x1p-40));
   // sum_a2 carries at most 2^-50 relative rounding: the 2^-40 inflation covers it.
   out.norm = round_up_to_float(scale * std::sqrt(sum_a2) * (1.0 + 0x1p-40) * rho_step(padded_dim));
