@@ -430,6 +430,39 @@ TEST(Extremes, KeysNearTheFloatMaximumAppended) {
     }
 }
 
+// The exact fallback (no level certifies: epsilon 1e-300) where the float dense kernel
+// cannot serve: a softmax scale beyond float's range with zero keys (it used to throw
+// mid-call), scores ~1e15 (float cannot resolve the weights: a wrong "exact" output), and
+// values near FLT_MAX whose weighted float sum overflows (an Inf output). These take the
+// double path and match the reference.
+TEST(Extremes, ExactFallbackBeyondTheFloatKernel) {
+  options opt;
+  opt.epsilon = 1e-300;
+  {
+    const head_cache<float> zero_keys(
+        300, 16, [](std::size_t, std::size_t) { return 0.0; },
+        [](std::size_t t, std::size_t i) { return gauss(71, t * 100 + i); });
+    options o = opt;
+    o.softmax_scale = 1e300;
+    expect_exact(zero_keys, queries(2, 16, 1.0, 72), 2, o);
+  }
+  {
+    const head_cache<float> c(
+        300, 16, [](std::size_t t, std::size_t i) { return 1e-20 * gauss(73, t * 100 + i); },
+        [](std::size_t t, std::size_t i) { return gauss(74, t * 100 + i); });
+    options o = opt;
+    o.softmax_scale = 1e25;
+    expect_exact(c, queries(2, 16, 1e10, 75), 2, o);
+  }
+  {
+    const head_cache<float> c(
+        300, 16, [](std::size_t t, std::size_t i) { return 1e-3 * gauss(76, t * 100 + i); },
+        [](std::size_t t, std::size_t i) { return i % 4 == 0 ? 3.0e38 : gauss(77, t * 100 + i); });
+    const auto r = expect_exact(c, queries(2, 16, 1.0, 78), 2, opt);
+    for (float x : r.out) EXPECT_TRUE(std::isfinite(x));
+  }
+}
+
 // ---- non-finite input ----------------------------------------------------------------
 
 template <storage_element T>

@@ -470,16 +470,37 @@ struct detail_attend {
 
   // ---- stage: fallback ----------------------------------------------------------------
   /// Exact attention for one head (no level certified) with the dense kernel; returns D
-  /// relative to c, recomputed in double from the kernel's float state.
+  /// relative to c, recomputed in double from the kernel's float state. The float kernel
+  /// cannot serve scores far from 0 (it cannot resolve their weights), a scale or scaled
+  /// query beyond float's range, or values whose weighted sum overflows float: those heads
+  /// take the double path (lane-fixed exact scores, double sums), as does any result that
+  /// is not finite.
   template <kv_view KV>
   static double exact_head(const KV& kv, const float* q, double scale, double c, float* out,
                            attend_workspace& ws) {
-    float m = 0.0f, l = 0.0f;
-    dense_partial(std::span<const float>(q, ws.d_), 1, kv, float(scale), 0, kv.size(),
-                  std::span<float>(&m, 1), std::span<float>(&l, 1), std::span<float>(out, ws.d_),
-                  ws.dense_ws_);
-    for (std::size_t i = 0; i < ws.d_; ++i) out[i] /= l;
-    return double(l) * std::exp(double(m) - c);
+    const std::size_t d = ws.d_;
+    double qmax = 0.0;
+    for (std::size_t i = 0; i < d; ++i) qmax = std::max(qmax, std::fabs(double(q[i])));
+    if (std::fabs(c) <= 1024.0 && scale <= 0x1p100 && scale * qmax <= 0x1p100) {
+      float m = 0.0f, l = 0.0f;
+      dense_partial(std::span<const float>(q, d), 1, kv, float(scale), 0, kv.size(),
+                    std::span<float>(&m, 1), std::span<float>(&l, 1), std::span<float>(out, d),
+                    ws.dense_ws_);
+      bool finite = true;
+      for (std::size_t i = 0; i < d; ++i) finite &= std::isfinite(out[i] /= l);
+      const double den = double(l) * std::exp(double(m) - c);
+      if (finite && den > 0.0 && std::isfinite(den)) return den;
+    }
+    const isa which = active_isa();
+    std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
+    double den = 0.0;
+    for (std::size_t t = 0; t < kv.size(); ++t) {
+      const double w = std::exp(scale * detail::score_dot_fast(q, kv.key(t), d, which) - c);
+      den += w;
+      add_value(kv.value(t), d, w, ws.exact_num_.data());
+    }
+    for (std::size_t i = 0; i < d; ++i) out[i] = float(ws.exact_num_[i] / den);
+    return den;
   }
 
   // ---- the call, stage by stage -------------------------------------------------------
