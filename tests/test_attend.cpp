@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -265,3 +266,42 @@ TEST(FastPathExactRegression, TokenWithZeroTopHashBits) {
 }
 
 }  // namespace
+
+// The batched 8-bit dot of the level loop (16 candidates per call, one transposed
+// reduction) must give every candidate the bits of the single-candidate kernels, which
+// the bound's rounding analysis and the cross-ISA determinism rely on. Deterministic:
+// fails only on a wrong lane, shuffle or reduction order.
+TEST(RefineKernels, BatchedDotMatchesSingleCandidateBits) {
+  if (detected_isa() != isa::kAvx512Vnni) GTEST_SKIP() << "CPU lacks avx512_vnni";
+  std::uint64_t state = 12345;
+  auto next = [&state] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL; };
+  for (std::size_t dp : {8u, 16u, 64u, 72u, 128u, 136u, 256u}) {
+    std::vector<std::vector<float>> a(16, std::vector<float>(dp));
+    std::vector<std::vector<std::uint8_t>> code(16, std::vector<std::uint8_t>(dp));
+    for (int k = 0; k < 16; ++k)
+      for (std::size_t i = 0; i < dp; ++i) {
+        // Magnitudes spread over 2^-20..2^20 so that the summation order shows in the bits.
+        const double mag = std::ldexp(1.0, int(next() >> 59) - 16 + int(next() >> 61));
+        a[std::size_t(k)][i] = float((double(next() >> 11) * 0x1p-53 - 0.5) * mag);
+        code[std::size_t(k)][i] = std::uint8_t(next() >> 56);
+      }
+    for (std::size_t m : {1u, 5u, 16u}) {
+      const float* ap[16];
+      const std::uint8_t* cp[16];
+      for (std::size_t k = 0; k < 16; ++k) {
+        ap[k] = a[k < m ? k : 0].data();
+        cp[k] = code[k < m ? k : 0].data();
+      }
+      float dot[16];
+      detail::refine_dots(ap, cp, m, dp, dot, isa::kAvx512Vnni);
+      for (std::size_t k = 0; k < m; ++k) {
+        const float one = detail::refine_dot_avx512(ap[k], cp[k], dp);
+        const float scalar = detail::refine_dot_scalar(ap[k], cp[k], dp);
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(dot[k]), std::bit_cast<std::uint32_t>(one))
+            << "dp " << dp << " m " << m << " candidate " << k;
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(dot[k]), std::bit_cast<std::uint32_t>(scalar))
+            << "dp " << dp << " m " << m << " candidate " << k;
+      }
+    }
+  }
+}

@@ -58,6 +58,31 @@ TEST(Perturb, UniformFromBitsEdges) {
   EXPECT_EQ(-std::log(perturbation::uniform_from_bits(~std::uint64_t{0})), 0.0);
 }
 
+// The float bracket [exp1_lower, exp1_upper] of E (the fast path decides most sample
+// levels from it, without a logarithm) must hold for every 64-bit draw. Both bounds depend
+// only on the top 24 bits t, and E is monotone in the other 40, so checking every t at
+// the largest E (low bits 0) and at the smallest E (low bits 1) covers all 2^64 draws.
+// Deterministic and exhaustive: it fails only if a bound is wrong (dropping the 0.01 of
+// kLog2Offset or halving kBracket makes it fail).
+TEST(Perturb, Exp1BracketHoldsForEveryDraw) {
+  std::size_t narrow = 0;
+  for (std::uint64_t t = 0; t < (std::uint64_t{1} << 24); ++t) {
+    const std::uint64_t smallest_u = t << 40, largest_u = smallest_u | ((std::uint64_t{1} << 40) - 1);
+    const double e_max = perturbation::exp1_from_bits(smallest_u);
+    const double e_min = perturbation::exp1_from_bits(largest_u);
+    const float up = perturbation::exp1_upper_from_bits(smallest_u);
+    const float lo = perturbation::exp1_lower_from_bits(largest_u);
+    ASSERT_EQ(up, perturbation::exp1_upper_from_bits(largest_u)) << t;
+    ASSERT_EQ(lo, perturbation::exp1_lower_from_bits(smallest_u)) << t;
+    ASSERT_GE(double(up), e_max) << "upper bound below E at t = " << t;
+    ASSERT_LE(double(lo), e_min) << "lower bound above E at t = " << t;
+    ASSERT_GE(lo, 0.0f);
+    narrow += double(up) - double(lo) <= 0.0201;
+  }
+  // Every t >= 2^12 has the narrow bracket.
+  EXPECT_EQ(narrow, (std::size_t{1} << 24) - (std::size_t{1} << 12));
+}
+
 // Every draw is k * 2^-53 with k an integer in [1, 2^53], and all 53 bits of k - 1 vary.
 // The low 11 bits of the IEEE mantissa of U in [1/2, 1) must vary too (a float or a 32-bit
 // conversion would leave them 0). A fixed bit over 2^16 draws has probability 2^-65535.

@@ -187,10 +187,16 @@ struct detail_attend {
   using node = attend_workspace::node;
   // Candidates sit at random places in the cache: every pass over them prefetches this
   // many rows ahead, so that the misses overlap instead of queueing.
-  static constexpr std::size_t kPrefetchAhead = 12;
+  static constexpr std::size_t kPrefetchAhead = 16;
   static void prefetch_rows(const void* p, std::size_t bytes) noexcept {
     const char* c = static_cast<const char*>(p);
     for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+  }
+  /// Into L2 only: for rows known to be needed soon but not next (a later pass of this
+  /// level), so that their misses overlap the current pass without evicting its L1 data.
+  static void prefetch_rows_l2(const void* p, std::size_t bytes) noexcept {
+    const char* c = static_cast<const char*>(p);
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
   }
   static constexpr std::uint8_t kRefined = 1, kScored = 2;
 
@@ -320,10 +326,11 @@ struct detail_attend {
   }
 
   // ---- stage: level loop --------------------------------------------------------------
-  /// 8-bit bound on s_i (see arch/refine_kernels.hpp), preparing the block on first use.
-  static double refine8(const key_index& idx, std::size_t t, const float* qpad, double scale,
-                        attend_workspace& ws, isa which) noexcept {
-    const std::size_t b = t / key_index::kBlockTokens, dp = idx.padded_dim();
+  /// This head's 8-bit preparation of block b (see arch/refine_kernels.hpp), made on
+  /// first use: a = q st8 (returned) and the offset C8 + margin.
+  static const float* refine_block(const key_index& idx, std::size_t b, const float* qpad,
+                                   attend_workspace& ws, isa which) noexcept {
+    const std::size_t dp = idx.padded_dim();
     float* a = ws.refine_a_.data() + b * dp;
     if (!ws.refine_ready_[b]) {
 #if CERTATTN_X86
@@ -336,7 +343,7 @@ struct detail_attend {
             detail::prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
       ws.refine_ready_[b] = 1;
     }
-    return scale * detail::refine8_bound(a, ws.refine_offset_[b], idx.codes8(t), dp, which);
+    return a;
   }
 
   static std::int32_t push(attend_workspace& ws, head_state& st, std::vector<std::int32_t>& head,
@@ -375,7 +382,16 @@ struct detail_attend {
   static void admit(std::size_t t, double s, double c, const perturbation& pert, int level,
                     const options& opt, attend_workspace& ws, head_state& st,
                     std::size_t& n_include) noexcept {
-    const int ls = earliest_level((s - c) + pert.exp1(t), opt.grid_ratio, opt.max_levels);
+    // The level needs E only to within the grid: decide it from E's float bracket, and
+    // take the logarithm only when the bracket straddles a grid point (about 6% of keys at
+    // grid ratio 2). Either way the level is the one earliest_level(s - c + E) gives.
+    const std::uint64_t bits = pert.bits(t);
+    const double x = s - c;
+    int ls = earliest_level(x + double(perturbation::exp1_upper_from_bits(bits)), opt.grid_ratio,
+                            opt.max_levels);
+    if (ls != earliest_level(x + double(perturbation::exp1_lower_from_bits(bits)), opt.grid_ratio,
+                             opt.max_levels))
+      ls = earliest_level(x + perturbation::exp1_from_bits(bits), opt.grid_ratio, opt.max_levels);
     if (ls > opt.max_levels) return;
     if (ls > level) {
       push(ws, st, ws.pending_head_, std::size_t(ls), std::uint32_t(t), s, kScored);
@@ -386,12 +402,11 @@ struct detail_attend {
                                    earliest_level(s - c, opt.grid_ratio, opt.max_levels), s};
   }
 
-  /// The 8-bit stage of a new candidate: true when its exact key must be read now.
-  static bool refine_candidate(const key_index& idx, std::size_t t, const float* qpad,
-                               double scale, double c, int level, const options& opt,
-                               attend_workspace& ws, head_state& st, isa which) noexcept {
+  /// The 8-bit stage of a new candidate with 8-bit bound u8 (scaled): true when its exact
+  /// key must be read now.
+  static bool refine_candidate(std::size_t t, double u8, double c, int level, const options& opt,
+                               attend_workspace& ws, head_state& st) noexcept {
     ++st.refined;
-    const double u8 = refine8(idx, t, qpad, scale, ws, which);
     const double x8 = (u8 - c) + double(ws.e_up_[t]);  // == pert.exp1_upper(t)
     const int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0),
                                   opt.grid_ratio, opt.max_levels);
@@ -414,18 +429,56 @@ struct detail_attend {
     std::size_t n_score = 0, n_include = 0;
     const std::uint32_t b0 = ws.bucket_start_[std::size_t(level)];
     const std::uint32_t b1 = ws.bucket_start_[std::size_t(level) + 1];
-    for (std::uint32_t i = b0; i < b1; ++i) {
-      if (i + kPrefetchAhead < b1) prefetch_rows(idx.codes8(ws.bucket_[i + kPrefetchAhead]), dp);
-      const std::uint32_t t = ws.bucket_[i];
-      if (refine_candidate(idx, t, qpad, scale, c, level, opt, ws, st, which))
-        ws.to_score_[n_score++] = t;
+    // The buckets of the next levels follow this one: prefetch across the boundary, so
+    // that a level's first candidates are not fetched one miss at a time.
+    const std::uint32_t b_end = ws.bucket_start_[std::size_t(opt.max_levels) + 1];
+    // Candidates go 16 at a time through the batched 8-bit dot (independent chains).
+    constexpr std::uint32_t kBatch = 16;
+    for (std::uint32_t i = b0; i < b1; i += kBatch) {
+      const std::uint32_t m = std::min(kBatch, b1 - i);
+      const float* a[kBatch];
+      const std::uint8_t* codes[kBatch];
+      float offset[kBatch], dot[kBatch];
+      for (std::uint32_t k = 0; k < m; ++k) {
+        if (i + k + kPrefetchAhead < b_end) {
+          const std::uint32_t ahead = ws.bucket_[i + k + kPrefetchAhead];
+          prefetch_rows(idx.codes8(ahead), dp);
+          const std::size_t ab = ahead / key_index::kBlockTokens;
+          if (!ws.refine_ready_[ab]) {  // its block's scales, read by the preparation
+            prefetch_rows(idx.block_lo(ab), dp * sizeof(float));
+            prefetch_rows(idx.block_step8(ab), dp * sizeof(float));
+          }
+        }
+        const std::uint32_t t = ws.bucket_[i + k];
+        const std::size_t b = t / key_index::kBlockTokens;
+        a[k] = refine_block(idx, b, qpad, ws, which);
+        offset[k] = ws.refine_offset_[b];
+        codes[k] = idx.codes8(t);
+      }
+      for (std::uint32_t k = m; k < kBatch; ++k) {
+        a[k] = a[0];
+        codes[k] = codes[0];
+      }
+      detail::refine_dots(a, codes, m, dp, dot, which);
+      for (std::uint32_t k = 0; k < m; ++k) {
+        const std::uint32_t t = ws.bucket_[i + k];
+        const double u8 = scale * (double(offset[k]) + double(dot[k]));
+        if (refine_candidate(t, u8, c, level, opt, ws, st)) {
+          prefetch_rows_l2(kv.key(t), d * sizeof(T));
+          ws.to_score_[n_score++] = t;
+        }
+      }
     }
     for (std::int32_t k = ws.pending_head_[std::size_t(level)]; k >= 0;) {
       const node nd = ws.nodes_[std::size_t(k)];
-      if (nd.stage == kRefined)
+      if (nd.stage == kRefined) {
+        prefetch_rows_l2(kv.key(nd.token), d * sizeof(T));
         ws.to_score_[n_score++] = nd.token;
-      else
+      } else {
+        const std::size_t before = n_include;
         admit(nd.token, nd.score, c, pert, level, opt, ws, st, n_include);
+        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), d * sizeof(T));
+      }
       k = nd.next;
     }
     for (std::size_t i = 0; i < n_score; ++i) {
@@ -434,7 +487,9 @@ struct detail_attend {
       const std::uint32_t t = ws.to_score_[i];
       ++st.keys_read;
       const double s = scale * detail::score_dot_fast(q, kv.key(t), d, which);
+      const std::size_t before = n_include;
       admit(t, s, c, pert, level, opt, ws, st, n_include);
+      if (n_include != before) prefetch_rows_l2(kv.value(t), d * sizeof(T));
     }
     for (std::size_t i = 0; i < n_include; ++i) {
       if (i + kPrefetchAhead < n_include)
@@ -448,18 +503,18 @@ struct detail_attend {
   template <kv_view KV>
   static void transitions(const KV& kv, int level, double c, attend_workspace& ws,
                           head_state& st) noexcept {
-    for (std::int32_t k = ws.transition_head_[std::size_t(level)]; k >= 0;
-         k = ws.nodes_[std::size_t(k)].next) {
+    const std::int32_t first = ws.transition_head_[std::size_t(level)];
+    const std::size_t bytes = ws.d_ * sizeof(typename KV::element_type);
+    for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
+      prefetch_rows(kv.value(ws.nodes_[std::size_t(k)].token), bytes);
+    const isa which = active_isa();
+    for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next) {
       const node& nd = ws.nodes_[std::size_t(k)];
       const double w = std::exp(nd.score - c);
       const auto* v = kv.value(nd.token);
-      double sq = 0.0;
-      for (std::size_t i = 0; i < ws.d_; ++i) {
-        const double x = to_double(v[i]);
-        ws.light_sum_[i] -= x;
-        ws.exact_num_[i] += w * x;
-        sq += x * x;
-      }
+      // light_sum -= v (an fma with -1 is exact subtraction), exact_num += w v.
+      const double sq = detail::accumulate_row(v, ws.d_, -1.0, ws.light_sum_.data(), which);
+      detail::accumulate_row(v, ws.d_, w, ws.exact_num_.data(), which);
       --st.light_count;
       st.light_sq -= sq;
       ++st.heavy;

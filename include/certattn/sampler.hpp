@@ -34,10 +34,20 @@ inline bool in_sample(double score_minus_c, double e, double ln_tau_j) noexcept 
 /// closed form is corrected by the same comparison in_sample() uses.
 inline int earliest_level(double x, int grid_ratio, int max_levels) noexcept {
   if (x >= 0.0) return 0;
-  const double step = std::numbers::ln2 / double(grid_ratio);  // one division, not four
-  auto grid = [step](int j) { return -double(j) * step; };      // == ln_tau(j, grid_ratio)
+  // The hot path calls this per candidate: no division for the usual ratios (the
+  // compiler folds ln2 / r to the same double that ln_tau() computes).
+  double step;
+  switch (grid_ratio) {
+    case 1: step = std::numbers::ln2 / 1.0; break;
+    case 2: step = std::numbers::ln2 / 2.0; break;
+    case 3: step = std::numbers::ln2 / 3.0; break;
+    case 4: step = std::numbers::ln2 / 4.0; break;
+    default: step = std::numbers::ln2 / double(grid_ratio); break;
+  }
+  auto grid = [step](int j) { return -double(j) * step; };  // == ln_tau(j, grid_ratio)
   if (!(x >= grid(max_levels))) return max_levels + 1;
-  int j = int(std::ceil(-x / step));  // a guess; the comparisons below decide
+  // A guess (any guess is fine: the comparisons below decide).
+  int j = int(std::ceil(-x * (double(grid_ratio) * std::numbers::log2e)));
   j = std::clamp(j, 0, max_levels);
   while (j > 0 && x >= grid(j - 1)) --j;
   while (j <= max_levels && !(x >= grid(j))) ++j;

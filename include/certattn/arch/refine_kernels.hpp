@@ -112,6 +112,62 @@ CERTATTN_TARGET_AVX512 inline float refine_dot_avx512(const float* a, const std:
   return reduce16(lanes);
 }
 
+/// refine_dot_avx512() of 16 candidates at once (a[k] with code[k]), the same bits for
+/// each: the 16 lane chains run interleaved (16 independent fma chains instead of one),
+/// and the 16 reductions share one transposed tree that performs, for every candidate,
+/// exactly the additions of reduce16(): b = x[i] + x[i + 8], c = b[i] + b[i + 4], then
+/// (c0 + c2) + (c1 + c3). dot[k] receives candidate k's sum.
+CERTATTN_TARGET_AVX512 inline void refine_dot16_avx512(const float* const* a,
+                                                       const std::uint8_t* const* code,
+                                                       std::size_t padded_dim,
+                                                       float* dot) noexcept {
+  __m512 acc[16];
+  _Pragma("GCC unroll 16")
+  for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
+  std::size_t o = 0;
+  for (; o + 16 <= padded_dim; o += 16) {
+    _Pragma("GCC unroll 16")
+    for (int k = 0; k < 16; ++k) {
+      const __m512 cc = _mm512_cvtepi32_ps(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code[k] + o))));
+      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a[k] + o), cc, acc[k]);
+    }
+  }
+  if (o < padded_dim) {  // padded_dim is a multiple of 8
+    const __mmask16 m = __mmask16((1u << (padded_dim - o)) - 1);
+    _Pragma("GCC unroll 16")
+    for (int k = 0; k < 16; ++k) {
+      const __m512 cc =
+          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, code[k] + o)));
+      acc[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a[k] + o), cc, acc[k]);
+    }
+  }
+  // b: lanes 0-7 of x[m] hold candidate 2m's b, lanes 8-15 candidate 2m + 1's.
+  __m512 x[8];
+  _Pragma("GCC unroll 8")
+  for (int m = 0; m < 8; ++m)
+    x[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // c: quarter j of z[p] holds candidate 4p + j's c0..c3.
+  __m512 z[4];
+  _Pragma("GCC unroll 4")
+  for (int p = 0; p < 4; ++p)
+    z[p] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // (c0 + c2, c1 + c3): quarter j of r[h] holds those of candidates 8h + j, then 8h + 4 + j.
+  __m512 r[2];
+  _Pragma("GCC unroll 2")
+  for (int h = 0; h < 2; ++h)
+    r[h] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * h], z[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(z[2 * h], z[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // Element e of quarter j: candidate 4e + j.
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i to_candidate =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(dot, _mm512_permutexvar_ps(to_candidate, f));
+}
+
 CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a, const std::uint8_t* code,
                                                   std::size_t padded_dim) noexcept {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
@@ -138,6 +194,25 @@ CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a, const std::uin
 }
 CERTATTN_ARCH_END
 #endif
+
+/// The dots sum a[k] code[k] of m <= 16 candidates (entries m..15 of a and code must be
+/// valid pointers too: any candidate's), each the same bits as refine8_bound() adds.
+inline void refine_dots(const float* const* a, const std::uint8_t* const* code, std::size_t m,
+                        std::size_t padded_dim, float* dot, isa which) noexcept {
+#if CERTATTN_X86
+  if (which == isa::kAvx512Vnni && m > 1) return refine_dot16_avx512(a, code, padded_dim, dot);
+  if (which == isa::kAvx512Vnni) {
+    dot[0] = refine_dot_avx512(a[0], code[0], padded_dim);
+    return;
+  }
+  if (which == isa::kAvx2) {
+    for (std::size_t k = 0; k < m; ++k) dot[k] = refine_dot_avx2(a[k], code[k], padded_dim);
+    return;
+  }
+#endif
+  (void)which;
+  for (std::size_t k = 0; k < m; ++k) dot[k] = refine_dot_scalar(a[k], code[k], padded_dim);
+}
 
 /// The 8-bit bound on q.k (unscaled) of one candidate, given its block's preparation.
 inline double refine8_bound(const float* a, float offset, const std::uint8_t* code,
