@@ -1,8 +1,10 @@
 // The certified call for one GQA group: G query heads sharing one KV head. The stages run
 // top to bottom in this file, one function each:
-//   window      exact scores and values of the newest tokens (shared by the group)
+//   window      exact scores of the rows every head reads (the newest tokens and the exact
+//               set of value outliers), all G heads in one pass over the key rows
 //   scan        4-bit score bounds u_i >= s_i for every pool key and all G heads at once
-//   max score   c = exact maximum over the keys whose bound can reach the best lower bound
+//   max score   c = exact maximum over the keys whose bound can reach the best lower bound,
+//               per head; then the window's value sums of all heads in one pass
 //   candidates  pool keys whose perturbed bound can reach the deepest level, bucketed by
 //               their earliest level (counting sort)
 //   level loop  new candidates refined with 8-bit codes, then exact 16-bit keys; heavy,
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,8 +100,14 @@ class attend_workspace {
     block_max_.assign(group * blocks + 1, 0.0f);
     qa_.assign(group * dp_, 0);
     prep_.assign(group, {});
-    window_scores_.assign(group * 64, 0.0);
-    exact_scores_.assign(max_tokens + 1, 0.0);
+    // [group][window + exact set]: the exact set can hold any number of tokens (values
+    // beyond float's range always join it), so room for every token, left uncommitted.
+    fixed_stride_ = max_tokens + 1;
+    fixed_scores_.reset(new double[group * fixed_stride_]);
+    head_c_.assign(group, 0.0);
+    head_max_keys_.assign(group, 0);
+    window_weight_.assign(group, 0.0);
+    window_sq_.assign(group, 0.0);
     cand_idx_.assign(max_tokens + 16, 0);
     cand_lvl_.assign(max_tokens + 16, 0);
     bucket_.assign(max_tokens + 16, 0);
@@ -114,7 +123,7 @@ class attend_workspace {
     transition_head_.assign(std::size_t(max_levels) + 2, -1);
     exact_num_.assign(head_dim, 0.0);
     light_sum_.assign(head_dim, 0.0);
-    window_num_.assign(head_dim, 0.0);
+    window_num_.assign(group * head_dim, 0.0);
     o_hat_.assign(head_dim, 0.0);
     c0_.assign(head_dim, 0.0);
     dense_ws_ = dense_workspace(1, head_dim);
@@ -156,8 +165,11 @@ class attend_workspace {
   std::vector<float> qpad_, u_, block_max_;
   std::vector<std::int8_t> qa_;
   std::vector<detail::block_query_prep> prep_;
-  std::vector<double> window_scores_;  // [group][window]
-  std::vector<double> exact_scores_;   // [exact set] scores of one head
+  std::size_t fixed_stride_ = 0;
+  std::unique_ptr<double[]> fixed_scores_;  // [group][fixed_stride]: window, then exact set
+  std::vector<double> head_c_;              // [group] c of each head
+  std::vector<std::size_t> head_max_keys_;  // [group] keys the max stage read exactly
+  std::vector<double> window_weight_, window_sq_;  // [group] sums over window + exact set
   std::vector<std::uint32_t> cand_idx_, bucket_;
   std::vector<std::uint8_t> cand_lvl_;
   std::vector<std::uint32_t> bucket_start_;
@@ -174,7 +186,8 @@ class attend_workspace {
   std::vector<std::uint8_t> refine_ready_;  // [blocks] prepared for this head
   std::vector<admitted> to_include_;      // this level's keys whose values enter the sums
   std::vector<std::int32_t> pending_head_, transition_head_;
-  std::vector<double> exact_num_, light_sum_, window_num_, o_hat_, c0_;
+  std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
+  std::vector<double> window_num_;  // [group][head_dim]
   group_stats stats_;
   dense_workspace dense_ws_;  // the exact fallback's
   bool record_ = false;
@@ -213,15 +226,44 @@ struct detail_attend {
   }
 
   // ---- stage: window ------------------------------------------------------------------
+  /// Scores of the rows every head reads exactly, the window and the exact set (value
+  /// outliers), for all G heads in one pass over the key rows: [g][window, then set].
   template <kv_view KV>
-  static void window_scores(const KV& kv, const float* q, std::size_t G, std::size_t d,
-                            double scale, std::size_t pool_end, attend_workspace& ws,
-                            isa which) noexcept {
-    const std::size_t W = kv.size() - pool_end;
-    for (std::size_t t = 0; t < W; ++t)
+  static void fixed_scores(const KV& kv, const float* q, std::size_t G, std::size_t d,
+                           double scale, std::size_t pool_end, std::span<const std::uint32_t> xs,
+                           attend_workspace& ws, isa which) noexcept {
+    using T = typename KV::element_type;
+    const std::size_t W = kv.size() - pool_end, F = W + xs.size();
+    auto token = [&](std::size_t i) { return i < W ? pool_end + i : std::size_t(xs[i - W]); };
+    for (std::size_t i = 0; i < F; ++i) {
+      if (i + kPrefetchAhead < F) prefetch_rows(kv.key(token(i + kPrefetchAhead)), d * sizeof(T));
+      const T* k = kv.key(token(i));
       for (std::size_t g = 0; g < G; ++g)
-        ws.window_scores_[g * 64 + t] =
-            scale * detail::score_dot_fast(q + g * d, kv.key(pool_end + t), d, which);
+        ws.fixed_scores_[g * ws.fixed_stride_ + i] =
+            scale * detail::score_dot_fast(q + g * d, k, d, which);
+    }
+  }
+
+  /// The window and exact-set sums of every head with its own c, in one pass over the
+  /// value rows (each row is read once for the G heads).
+  template <kv_view KV>
+  static void fixed_sums(const KV& kv, std::size_t G, std::size_t pool_end,
+                         std::span<const std::uint32_t> xs, attend_workspace& ws) noexcept {
+    using T = typename KV::element_type;
+    const std::size_t d = ws.d_, W = kv.size() - pool_end, F = W + xs.size();
+    auto token = [&](std::size_t i) { return i < W ? pool_end + i : std::size_t(xs[i - W]); };
+    std::fill_n(ws.window_num_.begin(), G * d, 0.0);
+    std::fill_n(ws.window_weight_.begin(), G, 0.0);
+    std::fill_n(ws.window_sq_.begin(), G, 0.0);
+    for (std::size_t i = 0; i < F; ++i) {
+      if (i + kPrefetchAhead < F) prefetch_rows(kv.value(token(i + kPrefetchAhead)), d * sizeof(T));
+      const T* v = kv.value(token(i));
+      for (std::size_t g = 0; g < G; ++g) {
+        const double w = std::exp(ws.fixed_scores_[g * ws.fixed_stride_ + i] - ws.head_c_[g]);
+        ws.window_weight_[g] += w;
+        ws.window_sq_[g] += w * add_value(v, d, w, ws.window_num_.data() + g * d);
+      }
+    }
   }
 
   // ---- stage: scan --------------------------------------------------------------------
@@ -581,7 +623,12 @@ struct detail_attend {
       std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
     }
     detail::stage_clock clock;
-    window_scores(kv, queries.data(), group, d, scale, pool_end, ws, which);
+    const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
+    const std::size_t W = n - pool_end;
+    // The exact set (value outliers) inside the pool: read exactly, never sampled.
+    std::span<const std::uint32_t> xs = idx.exact_tokens();
+    xs = xs.first(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(pool_end)) - xs.begin()));
+    fixed_scores(kv, queries.data(), group, d, scale, pool_end, xs, ws, which);
     clock.lap(stats.stage_seconds[0]);
     if (pool_end > 0) scan(idx, group, scale, pool_end, ws, which);
     clock.lap(stats.stage_seconds[1]);
@@ -593,13 +640,23 @@ struct detail_attend {
       detail::fill_exp1_upper_scalar(pert.key(), pool_end, ws.e_up_.data());
     clock.lap(stats.stage_seconds[3]);
 
-    const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
-    const std::size_t W = n - pool_end;
-    // The exact set (value outliers) inside the pool: read exactly, never sampled.
-    std::span<const std::uint32_t> xs = idx.exact_tokens();
-    xs = xs.first(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(pool_end)) - xs.begin()));
     for (std::size_t g = 0; g < group; ++g)
       for (std::uint32_t t : xs) ws.u_[g * ws.u_stride_ + t] = -std::numeric_limits<float>::infinity();
+    // c of every head (exact maximum score), then the fixed rows' sums of all heads.
+    for (std::size_t g = 0; g < group; ++g) {
+      double window_max = -std::numeric_limits<double>::infinity();
+      for (std::size_t i = 0; i < W + xs.size(); ++i)
+        window_max = std::max(window_max, ws.fixed_scores_[g * ws.fixed_stride_ + i]);
+      head_state st;
+      ws.head_c_[g] = pool_end > 0 ? max_score(kv, queries.data() + g * d, d, scale, pool_end,
+                                               ws.u_.data() + g * ws.u_stride_,
+                                               ws.block_max_.data() + g * ws.block_stride_,
+                                               window_max, st, which)
+                                   : window_max;
+      ws.head_max_keys_[g] = st.keys_read;
+    }
+    fixed_sums(kv, group, pool_end, xs, ws);
+    clock.lap(stats.stage_seconds[2]);
     for (std::size_t g = 0; g < group; ++g) {
       const float* q = queries.data() + g * d;
       const float* qpad = ws.qpad_.data() + g * dp;
@@ -608,32 +665,11 @@ struct detail_attend {
                   (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens, 0);
       const float* u = ws.u_.data() + g * ws.u_stride_;
       head_state st;
-      st.keys_read = W + xs.size();
+      st.keys_read = W + xs.size() + ws.head_max_keys_[g];
       st.values_read = W + xs.size();
-      double window_max = -std::numeric_limits<double>::infinity();
-      for (std::size_t t = 0; t < W; ++t) window_max = std::max(window_max, ws.window_scores_[g * 64 + t]);
-      for (std::size_t i = 0; i < xs.size(); ++i) {
-        ws.exact_scores_[i] = scale * detail::score_dot_fast(q, kv.key(xs[i]), d, which);
-        window_max = std::max(window_max, ws.exact_scores_[i]);
-      }
-      const double c = pool_end > 0
-                           ? max_score(kv, q, d, scale, pool_end, u,
-                                          ws.block_max_.data() + g * ws.block_stride_, window_max, st, which)
-                           : window_max;
-
-      // Window sums with this head's c.
-      std::fill(ws.window_num_.begin(), ws.window_num_.end(), 0.0);
-      double window_weight = 0.0, window_sq = 0.0;
-      for (std::size_t t = 0; t < W; ++t) {
-        const double w = std::exp(ws.window_scores_[g * 64 + t] - c);
-        window_weight += w;
-        window_sq += w * add_value(kv.value(pool_end + t), d, w, ws.window_num_.data());
-      }
-      for (std::size_t i = 0; i < xs.size(); ++i) {
-        const double w = std::exp(ws.exact_scores_[i] - c);
-        window_weight += w;
-        window_sq += w * add_value(kv.value(xs[i]), d, w, ws.window_num_.data());
-      }
+      const double c = ws.head_c_[g];
+      const std::span<const double> window_num(ws.window_num_.data() + g * d, d);
+      const double window_weight = ws.window_weight_[g], window_sq = ws.window_sq_[g];
 
       certificate& cert = certs[g];
       cert = {};
@@ -641,19 +677,18 @@ struct detail_attend {
       bool done = false;
       std::size_t m = 0;  // candidates bucketed
       if (pool_end == xs.size()) {  // no pool: window and exact set are everything
-        for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.window_num_[i] / window_weight);
+        for (std::size_t i = 0; i < d; ++i) o[i] = float(window_num[i] / window_weight);
         cert.certified = cert.exact = true;
         cert.max_score = c;
         cert.denominator = window_weight;
         done = true;
       } else {
-        clock.lap(stats.stage_seconds[2]);
         const int first_last = first_pass_levels(opt);
         m = bucket_candidates(u, pool_end, c, opt, 0, first_last, ws, which);
         clock.lap(stats.stage_seconds[3]);
         std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
         std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
-        ws.exact_num_ = ws.window_num_;  // no allocation: same size
+        std::copy(window_num.begin(), window_num.end(), ws.exact_num_.begin());
         std::fill(ws.light_sum_.begin(), ws.light_sum_.end(), 0.0);
         st.exact_weight = window_weight;
         st.exact_sq = window_sq;
