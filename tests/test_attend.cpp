@@ -305,3 +305,29 @@ TEST(RefineKernels, BatchedDotMatchesSingleCandidateBits) {
     }
   }
 }
+
+// The batched exact score of the level loop (8 keys per call, one transposed reduction)
+// must give every key the bits of score_dot(): the reference's scores, hence its samples.
+// Deterministic: fails only on a wrong lane, shuffle or reduction order.
+TEST(ScoreKernels, BatchedScoreMatchesReferenceBits) {
+  std::uint64_t state = 987654321;
+  auto next = [&state] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL; };
+  for (std::size_t d : {8u, 64u, 72u, 128u, 256u}) {
+    std::vector<float> q(d);
+    for (auto& x : q) x = float((double(next() >> 11) * 0x1p-53 - 0.5) * std::ldexp(1.0, int(next() >> 60) - 8));
+    std::vector<std::vector<half>> keys(8, std::vector<half>(d));
+    for (auto& k : keys)
+      for (auto& x : k) x = half(float((double(next() >> 11) * 0x1p-53 - 0.5) * std::ldexp(1.0, int(next() >> 61))));
+    const half* rows[8];
+    for (std::size_t j = 0; j < 8; ++j) rows[j] = keys[j].data();
+    for (isa which : {isa::kScalar, isa::kAvx2, isa::kAvx512Vnni}) {
+      if (int(which) > int(detected_isa())) continue;
+      double dots[8];
+      detail::score_dot8_fast(q.data(), rows, d, which, dots);
+      for (std::size_t j = 0; j < 8; ++j)
+        EXPECT_EQ(std::bit_cast<std::uint64_t>(dots[j]),
+                  std::bit_cast<std::uint64_t>(detail::score_dot(q.data(), rows[j], d)))
+            << "d " << d << " key " << j << " isa " << to_string(which);
+    }
+  }
+}
