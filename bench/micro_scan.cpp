@@ -77,6 +77,7 @@ void scan_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n", "G", "isa", "cold"});
   for (long n : {16384L, 131072L})
     for (long a : {0L, 1L, 2L}) b->Args({n, 4, a, 0});
+  for (long G : {1L, 8L}) b->Args({131072, G, 2, 0});
   for (long a : {1L, 2L}) b->Args({131072, 4, a, 1});
   b->Args({131072, 1, 2, 1});
   b->Args({131072, 8, 2, 1});

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -127,6 +129,193 @@ std::vector<case_param> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Adversarial, ScanTest, ::testing::ValuesIn(cases()));
+
+// A pool that ends inside a block while the index holds more tokens (the certified call's
+// window): block_max is the maximum over the pool tokens only. Group sizes 1..9 exercise
+// every kernel variant (chunks of 4 queries and the remainders) and the preparation's
+// pairs; zero and one-hot queries exercise alpha = 0 and a single non-zero channel.
+TEST(ScanTest, PartialPoolsGroupSizesAndDegenerateQueries) {
+  for (std::size_t d : {64u, 72u, 128u}) {
+    const std::size_t n = 700;
+    std::mt19937_64 rng(d);
+    std::normal_distribution<float> nd;
+    std::vector<half> keys(n * d);
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < d; ++i)
+        keys[t * d + i] = half((i % 11 == 5 ? 20.0f : 1.0f) * nd(rng));
+    const std::vector<half> values(n * d, half(1.0f));
+    const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
+    certattn::key_index idx(d);
+    idx.build(kv);
+    const std::size_t dp = idx.padded_dim();
+    const std::size_t B = certattn::key_index::kBlockTokens;
+    for (std::size_t group = 1; group <= 9; ++group)
+      for (std::size_t pool_end : {n, n - 1, n - 77, std::size_t(129), std::size_t(128),
+                                   std::size_t(1)})
+        for (double scale : {1e-3, 1.0 / std::sqrt(double(d)), 30.0}) {
+          SCOPED_TRACE("d " + std::to_string(d) + " group " + std::to_string(group) +
+                       " pool_end " + std::to_string(pool_end) + " scale " +
+                       std::to_string(scale));
+          std::vector<float> q(group * dp, 0.0f);
+          for (std::size_t g = 0; g < group; ++g)
+            for (std::size_t i = 0; i < d; ++i) {
+              if (g % 4 == 1) continue;                                   // zero query
+              if (g % 4 == 2) q[g * dp + i] = i == d / 2 ? -3.0f : 0.0f;  // one-hot
+              else q[g * dp + i] = nd(rng);
+            }
+          const std::size_t nb = (pool_end + B - 1) / B, stride = nb * B;
+          std::vector<std::vector<float>> results;
+          for (certattn::isa a :
+               {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
+            if (int(a) > int(certattn::detected_isa())) continue;
+            std::vector<float> u(group * stride, 0.0f), bmax(group * nb, 0.0f);
+            std::vector<std::int8_t> qa(group * dp);
+            std::vector<certattn::detail::block_query_prep> prep(group);
+            certattn::scan_request r;
+            r.index = &idx;
+            r.queries = q.data();
+            r.nq = group;
+            r.softmax_scale = scale;
+            r.pool_end = pool_end;
+            r.u = u.data();
+            r.u_stride = stride;
+            r.block_max = bmax.data();
+            r.block_stride = nb;
+            r.qa = qa.data();
+            r.prep = prep.data();
+            certattn::scan_score_bounds(r, a);
+            for (std::size_t g = 0; g < group; ++g) {
+              const auto s = certattn::exact_scores(
+                  std::span<const float>(q.data() + g * dp, d), certattn::keys_matrix(kv), scale);
+              for (std::size_t t = 0; t < pool_end; ++t)
+                ASSERT_GE(double(u[g * stride + t]), s[t])
+                    << certattn::to_string(a) << " g " << g << " t " << t;
+              for (std::size_t b = 0; b < nb; ++b) {
+                float m = -INFINITY;
+                for (std::size_t t = b * B; t < std::min(pool_end, b * B + B); ++t)
+                  m = std::max(m, u[g * stride + t]);
+                ASSERT_EQ(bmax[g * nb + b], m)
+                    << certattn::to_string(a) << " g " << g << " block " << b;
+              }
+              for (std::size_t t = pool_end; t < stride; ++t) u[g * stride + t] = 0.0f;
+            }
+            u.insert(u.end(), bmax.begin(), bmax.end());
+            results.push_back(u);
+          }
+          for (std::size_t k = 1; k < results.size(); ++k)
+            ASSERT_EQ(0, std::memcmp(results[0].data(), results[k].data(),
+                                     results[0].size() * sizeof(float)))
+                << "kernel " << k << " differs from scalar";
+        }
+  }
+}
+
+// Every key equal (per block: st = 0, so the bound is scale * sum q lo up to its margins):
+// the float sums' rounding is all that separates u from s, and the margins must cover it.
+TEST(ScanTest, IdenticalKeysNeedTheRoundingMargins) {
+  std::size_t below_without_margin = 0;
+  for (std::size_t d : {64u, 72u, 128u, 256u})
+    for (int trial = 0; trial < 20; ++trial) {
+      const std::size_t n = 300;
+      std::mt19937_64 rng(d * 100 + trial);
+      std::normal_distribution<float> nd;
+      std::vector<half> row(d);
+      for (std::size_t i = 0; i < d; ++i) row[i] = half(nd(rng) * (i % 5 == 0 ? 1000.0f : 1.0f));
+      std::vector<half> keys(n * d);
+      for (std::size_t t = 0; t < n; ++t) std::copy(row.begin(), row.end(), keys.begin() + t * d);
+      const std::vector<half> values(n * d, half(1.0f));
+      const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
+      certattn::key_index idx(d);
+      idx.build(kv);
+      const std::size_t dp = idx.padded_dim(), nb = idx.blocks(), stride = nb * 128, group = 3;
+      std::vector<float> q(group * dp, 0.0f);
+      for (std::size_t g = 0; g < group; ++g)
+        for (std::size_t i = 0; i < d; ++i) q[g * dp + i] = nd(rng);
+      const double scale = trial % 2 ? 1.0 : 1.0 / std::sqrt(double(d));
+      for (certattn::isa a :
+           {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
+        if (int(a) > int(certattn::detected_isa())) continue;
+        std::vector<float> u(group * stride), bmax(group * nb);
+        std::vector<std::int8_t> qa(group * dp);
+        std::vector<certattn::detail::block_query_prep> prep(group);
+        certattn::scan_request r;
+        r.index = &idx;
+        r.queries = q.data();
+        r.nq = group;
+        r.softmax_scale = scale;
+        r.pool_end = n;
+        r.u = u.data();
+        r.u_stride = stride;
+        r.block_max = bmax.data();
+        r.block_stride = nb;
+        r.qa = qa.data();
+        r.prep = prep.data();
+        certattn::scan_score_bounds(r, a);
+        for (std::size_t g = 0; g < group; ++g) {
+          const auto s = certattn::exact_scores(
+              std::span<const float>(q.data() + g * dp, d), certattn::keys_matrix(kv), scale);
+          for (std::size_t t = 0; t < n; ++t) {
+            ASSERT_GE(double(u[g * stride + t]), s[t]) << certattn::to_string(a) << " d " << d;
+            // The bound's own float sum of q lo, without any margin, would be below s here
+            // for about half the queries: the check above is a real test of the margins.
+            if (a == certattn::isa::kScalar && t == 0) {
+              float sum = 0.0f;
+              for (std::size_t i = 0; i < dp; ++i) sum += q[g * dp + i] * idx.block_lo(0)[i];
+              below_without_margin += double(float(scale) * sum) < s[t];
+            }
+          }
+        }
+      }
+    }
+  EXPECT_GT(below_without_margin, 0u);
+}
+
+// Zero scores with a softmax scale far beyond float's range (legal: the scores stay 0):
+// the margins for subnormal roundings scale with the data, so the bounds stay finite.
+TEST(ScanTest, ZeroScoresWithAHugeScaleStayFinite) {
+  const std::size_t d = 24, n = 300;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd;
+  for (int zero_keys = 0; zero_keys < 2; ++zero_keys) {
+    std::vector<half> keys(n * d);
+    for (auto& k : keys) k = half(zero_keys ? 0.0f : nd(rng));
+    const std::vector<half> values(n * d, half(1.0f));
+    const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
+    certattn::key_index idx(d);
+    idx.build(kv);
+    const std::size_t dp = idx.padded_dim(), nb = idx.blocks(), stride = nb * 128, group = 5;
+    std::vector<float> q(group * dp, 0.0f);
+    if (zero_keys)
+      for (std::size_t i = 0; i < group * dp; ++i) q[i] = i % dp < d ? nd(rng) : 0.0f;
+    for (double scale : {1e30, 1e300}) {
+      for (certattn::isa a :
+           {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
+        if (int(a) > int(certattn::detected_isa())) continue;
+        std::vector<float> u(group * stride), bmax(group * nb);
+        std::vector<std::int8_t> qa(group * dp);
+        std::vector<certattn::detail::block_query_prep> prep(group);
+        certattn::scan_request r;
+        r.index = &idx;
+        r.queries = q.data();
+        r.nq = group;
+        r.softmax_scale = scale;
+        r.pool_end = n;
+        r.u = u.data();
+        r.u_stride = stride;
+        r.block_max = bmax.data();
+        r.block_stride = nb;
+        r.qa = qa.data();
+        r.prep = prep.data();
+        certattn::scan_score_bounds(r, a);
+        for (std::size_t g = 0; g < group; ++g)
+          for (std::size_t t = 0; t < n; ++t) {
+            ASSERT_GE(u[g * stride + t], 0.0f) << certattn::to_string(a);
+            ASSERT_LT(u[g * stride + t], 1e-30f) << certattn::to_string(a);
+          }
+      }
+    }
+  }
+}
 
 TEST(ScanTest, DetectedIsaIsAvx512OnThisMachine) {
   // Not an assertion on other machines: records which kernels the suite exercised.

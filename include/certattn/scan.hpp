@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 
 namespace certattn {
 
@@ -30,46 +29,52 @@ struct scan_request {
   std::size_t u_stride = 0;
   float* block_max = nullptr;      // [nq][block_stride] out: max u over a block's pool tokens
   std::size_t block_stride = 0;
-  std::int8_t* qa = nullptr;       // [nq][padded_dim] scratch
+  std::int8_t* qa = nullptr;       // [nq * padded_dim] scratch (octet-major int8 queries)
   detail::block_query_prep* prep = nullptr;  // [nq] scratch
 };
 
 namespace detail {
 
-inline void finish_block_max(const scan_request& r, std::size_t b) noexcept {
-  const std::size_t t0 = b * key_index::kBlockTokens;
-  const std::size_t t1 = std::min(r.pool_end, t0 + key_index::kBlockTokens);
-  for (std::size_t g = 0; g < r.nq; ++g) {
-    const float* u = r.u + g * r.u_stride;
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::size_t t = t0; t < t1; ++t) m = std::max(m, u[t]);
-    r.block_max[g * r.block_stride + b] = m;
-  }
+/// Prefetches what the preparation reads of block b (lo and st4) and its residual bytes.
+inline void prefetch_block_scales(const key_index& idx, std::size_t b) noexcept {
+  const char* lo = reinterpret_cast<const char*>(idx.block_lo(b));
+  for (std::size_t i = 0; i < 2 * idx.padded_dim() * sizeof(float); i += 64)
+    __builtin_prefetch(lo + i);
+  __builtin_prefetch(idx.block_rho(b));
+  __builtin_prefetch(idx.block_rho(b) + 64);
 }
 
-// One driver per instruction set, so that the shared preparation is inlined and
-// vectorised in each kernel's own target context (it gives the same bits everywhere).
-#define CERTATTN_SCAN_DRIVER(NAME, ATTR, PREP, KERNEL)                                      \
+// One driver per instruction set: each kernel has its own preparation and finish (the
+// same operations in the same order; arch/scan_prep.hpp). The kernel writes every token
+// of a block and the block's maximum over its pool tokens.
+#define CERTATTN_SCAN_DRIVER(NAME, ATTR, MAXABS, MAXIMA, PREP, FINISH, KERNEL)               \
   ATTR inline void NAME(const scan_request& r) noexcept {                                   \
     const key_index& idx = *r.index;                                                        \
     const std::size_t dp = idx.padded_dim();                                                \
     const std::size_t nb = (r.pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens; \
+    const scan_constants k = make_scan_constants(dp, r.softmax_scale);                      \
+    for (std::size_t g = 0; g < r.nq; ++g) r.prep[g].max_abs_q = MAXABS(r.queries + g * dp, dp); \
     for (std::size_t b = 0; b < nb; ++b) {                                                  \
-      for (std::size_t g = 0; g < r.nq; ++g)                                                \
-        r.prep[g] = PREP(idx.block_lo(b), idx.block_step4(b), r.queries + g * dp, dp,        \
-                         r.softmax_scale, r.qa + g * dp);                                   \
-      KERNEL(idx.block_codes4(b), idx.block_rho(b), dp, r.qa, r.prep, r.nq,                 \
-             r.u + b * key_index::kBlockTokens,                                             \
-             r.u_stride);                                                                   \
-      finish_block_max(r, b);                                                               \
+      const float* lo = idx.block_lo(b);                                                    \
+      const float* st = idx.block_step4(b);                                                 \
+      PREP(lo, st, r.queries, dp, r.nq, r.qa, r.prep);                                      \
+      if (b + 1 < nb) prefetch_block_scales(idx, b + 1);                                    \
+      FINISH(r.prep, r.nq, k, MAXIMA(lo, st, dp));                                          \
+      const std::size_t t0 = b * key_index::kBlockTokens;                                   \
+      KERNEL(idx.block_codes4(b), idx.block_rho(b), dp, r.qa, r.prep, r.nq, r.u + t0,        \
+             r.u_stride, std::min(r.pool_end - t0, key_index::kBlockTokens),                \
+             r.block_max + b, r.block_stride);                                              \
     }                                                                                       \
   }
 
-CERTATTN_SCAN_DRIVER(scan_scalar, , prepare_block_query, scalar::scan_block)
+CERTATTN_SCAN_DRIVER(scan_scalar, , max_abs, block_scale_maxima, prepare_block_queries,
+                     finish_prep, scalar::scan_block)
 #if CERTATTN_X86
-CERTATTN_SCAN_DRIVER(scan_avx2, CERTATTN_TARGET_AVX2, prepare_block_query, avx2::scan_block)
-CERTATTN_SCAN_DRIVER(scan_avx512, CERTATTN_TARGET_AVX512, avx512::prepare_block_query_avx512,
-                     avx512::scan_block)
+CERTATTN_SCAN_DRIVER(scan_avx2, CERTATTN_TARGET_AVX2, max_abs, block_scale_maxima,
+                     avx2::prepare_block_queries_avx2, finish_prep, avx2::scan_block)
+CERTATTN_SCAN_DRIVER(scan_avx512, CERTATTN_TARGET_AVX512, avx512::max_abs_avx512,
+                     avx512::block_scale_maxima_avx512, avx512::prepare_block_queries_avx512,
+                     avx512::finish_prep_avx512, avx512::scan_block)
 #endif
 #undef CERTATTN_SCAN_DRIVER
 

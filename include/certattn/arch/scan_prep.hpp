@@ -1,29 +1,64 @@
 // Per-block preparation of the 4-bit score-bound scan, shared by every kernel so that all
 // of them produce the same bits (ALGORITHM.md, "Deterministic 4-bit bound").
 //
-// For a block with per-channel offset lo and step st (k = lo + st (code + f), f in [0, 1])
-// and a query q, with a = q * st:
-//   q.k = sum q lo + sum a code + sum a/2 + sum a (f - 1/2),
-// and the last term is at most min(sum |a| / 2, ||a|| rho_t) (Hoelder, and Cauchy-Schwarz
-// with the per-token residual norm rho_t >= ||f - 1/2|| that the index stores in a byte:
-// about 0.58 times the Hoelder term for keys without outlier channels).
-// The integer dot needs a in int8: a = alpha qa + e with alpha >= max|a| / 127 a float and
-// qa = round(a / alpha) in [-127, 127], so sum a code <= alpha sum qa code + 15 sum max(e, 0)
-// (codes lie in 0..15). Hence, with dot = sum qa code (exact in int32),
-//   s = scale q.k <= scale (alpha dot + C) + min(H, N rho_t),
-//   C = sum q lo + sum a / 2 + 16 sum max(e, 0),  H = scale sum |a| / 2,  N = scale ||a||.
-// The kernels evaluate u = fma(alpha', float(dot), c') + min(h', n' byte_t) in float with
-// alpha' = scale alpha, c' = scale (C + 2^-20 mag) rounded up, h' and n' (n' folds in the
-// byte's step) rounded up, mag >= sum |q lo| + 32 sum |a| bounding every term, so the
-// margin covers the float rounding of alpha', of the fma, of the product, of the final
-// sum and of the double sums (each below 2^-22 mag). u >= s holds in exact arithmetic.
+// The bound. For a block with per-channel offset lo and step st (k = lo + st (c + f), code
+// c in 0..15, f in [0, 1]) and a query q, let a = fl(q st) (float; A = q st exactly,
+// |A - a| <= u |a| + 2^-150, u = 2^-24). Then
+//   q.k = sum q lo + sum a c + sum a/2 + sum a (f - 1/2) + sum (A - a)(c + f),
+// sum a (f - 1/2) <= min(sum |a| / 2, ||a|| rho_t) (Hoelder; Cauchy-Schwarz with the
+// per-token residual norm rho_t >= ||f - 1/2|| the index stores in a byte), and the last
+// term is at most 16 u S + 16 d 2^-150 (S = sum |a|). The integer dot needs a in int8:
+// alpha = fl(max|a| / 127), inv = fl(127 / max|a|) (0 when alpha < FLT_MIN), r = RNE(a inv)
+// of the exact product (|a inv| <= 127 (1 + u): r in [-127, 127], no clamp), e = a - alpha r;
+// then sum a c = alpha dot + sum e c <= alpha dot + 15 sum max(e, 0), dot = sum r c exact in
+// int32. So, with scale > 0,
+//   s <= scale (alpha dot + C) + min(scale S / 2, scale ||a|| rho_t),
+//   C = sum q lo + sum a / 2 + 15 sum max(e, 0) + 16 u S (+ subnormal terms).
+// Any alpha would do (e absorbs it); alpha ~ max|a| / 127 makes it tight. |e| <= 0.51 alpha
+// (inv and 1 / alpha agree to 2.01 u), or e = a when inv = 0.
 //
-// Bit-identity across kernels: every product below is exact in double (float * float, or a
-// float times a small integer), so fused or unfused multiply-adds give the same result,
-// and sums run in 8 fixed lanes (channel mod 8) reduced by one fixed tree.
+// Float evaluation. Per channel i (lane l = i mod 16, channels in increasing order; a
+// partial last vector acts as zeros) the lanes accumulate in float, with explicit fmas:
+//   ca = fma(q, lo, ca), cb = fma(a, 1/2, cb), s += |a|, q2 = fma(a, a, q2), p += |fl(q lo)|,
+// and in a second pass (after alpha) y = fma(a, inv, 1.5 2^23), r = y - 1.5 2^23 (exact;
+// the low byte of y is r), ce += max(e', 0) with e' = fma(-alpha, r, a). Per lane then
+// c = fma(ce, 15, ca + cb) and m = fma(s, 24, p), and c, s, q2, m each go through one fixed
+// tree (x_l + x_{l+8}, then + 4, + 2, + 1). Rounding, all relative to u and to
+// P = sum |q lo|, S and d alpha:
+//  * the 3 ceil(d/16) + 6 roundings of C (lanes and tree) err by at most u each times the
+//    sum of the absolute values of its terms, M <= P + 15.5 S + 7.8 d alpha (max(e', 0) is
+//    at most 0.52 alpha, or |a| when inv = 0);
+//  * e' = fl(e) adds 15 u (S + 0.52 d alpha) through max(e', 0), and A - a adds 16 u S;
+//  * the kernels evaluate u_t = fl(fl(fma(alpha', float(dot), c')) + min(h', fl(n' byte_t)))
+//    with alpha' = float(scale alpha): alpha', float(dot), the fma and the final sum err by
+//    at most u (4.02 scale alpha |dot| + 2 |c'| + h'), with alpha |dot| <= 15 S + 7.5 d alpha;
+// in all at most u (3 ceil(d/16) + 8.1) MAG, MAG = P + 24 S + 12 d alpha (checked term by
+// term: 8.5 (3 ceil(d/16) + 8.1) >= 91.8 for S, 4.2 (...) >= 38 for d alpha). c' adds
+// (3 ceil(d/16) + 12) 2^-23 MAG, twice that: the rest covers the double roundings of
+// finish_prep and of the reference's exact score, and the inflation factors below. MAG
+// comes from the tree sum of m, inflated like the other non-negative sums (s, q2, m carry
+// at most ceil(d/16) + 7 roundings of their own terms: factor 1 + (ceil(d/16) + 8) 2^-23).
+// Subnormal results: a product or fma rounding of a result r errs by at most
+// u |r| + min(2^-150, |r|), and d max|q| (max|lo| + 32 max|st|) bounds every |r| of the
+// sums (d (max|q| max|st|)^2 those of q2; exact maxima, per block and query), so (34 d + 48)
+// min(2^-150, that) covers C before the scale, and is 0 when the query or the block is 0:
+// a softmax scale beyond float's range then still gives finite bounds; (2048 d + 16) 2^-149
+// covers the epilogue after it (alpha' times |dot| <= 1905 d). h' >= scale S / 2,
+// n' (1 - u) >= scale ||a|| rho_step (rho_step inflated by 2^-20), and every constant is
+// rounded up to float (scan_round_up). u_t >= s_t in exact arithmetic.
+//
+// Bit-identity across kernels: the lane sums use the same operations in the same order
+// in every kernel (16 float lanes: one AVX-512 register, two AVX2 registers, or arrays)
+// and the same tree; every product feeds an abs, a max, a min, a conversion or an explicit
+// fma, never an addition (or is exact), so floating-point contraction cannot change a bit
+// (checked with GCC at -O0..-O3, -march=native, -ffp-contract=off/fast, and clang).
+// finish_prep_one()
+// (double, explicit fmas) has an AVX-512 twin that does the same operations for four
+// queries at once.
 #pragma once
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -40,14 +75,43 @@ inline constexpr std::size_t kGroupTokens = 16;
 inline constexpr std::size_t kGroupsPerBlock = kBlockTokens / kGroupTokens;
 static_assert(kBlockTokens % kGroupTokens == 0);
 
+/// Lanes of the preparation's float sums (channel mod 16).
+inline constexpr std::size_t kPrepLanes = 16;
 
-
-struct block_query_prep {
+struct block_query_prep {  // (standard layout: finish_prep_avx512 loads 4 floats at once)
   float alpha = 0.0f;   // scale * alpha, multiplies float(dot)
   float offset = 0.0f;  // scale * (C + margin), rounded up
   float holder = 0.0f;  // scale * sum |a| / 2, rounded up
   float norm = 0.0f;    // scale * ||a|| * rho step, rounded up: multiplies the rho byte
+  // The preparation's own results, from which finish_prep() computes the four above.
+  float raw_alpha = 0.0f;  // alpha = fl(max|a| / 127)
+  float sum_c = 0.0f, sum_s = 0.0f, sum_q2 = 0.0f, sum_m = 0.0f;  // tree sums of c, s, q2, m
+  float max_abs_q = 0.0f;  // max |q|, set once per scan
 };
+
+static_assert(sizeof(block_query_prep) == 10 * sizeof(float));
+
+/// max |lo| and max |st4| of a block (exact: any order gives the same bits).
+struct block_maxima {
+  float lo = 0.0f, st = 0.0f;
+};
+
+inline block_maxima block_scale_maxima(const float* lo, const float* st,
+                                       std::size_t padded_dim) noexcept {
+  block_maxima m;
+  for (std::size_t i = 0; i < padded_dim; ++i) {
+    const float l = std::fabs(lo[i]), t = std::fabs(st[i]);
+    m.lo = l > m.lo ? l : m.lo;
+    m.st = t > m.st ? t : m.st;
+  }
+  return m;
+}
+
+inline float max_abs(const float* x, std::size_t n) noexcept {
+  float m = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) m = std::fabs(x[i]) > m ? std::fabs(x[i]) : m;
+  return m;
+}
 
 /// Per-token residual norms rho_t = ||f - 1/2|| <= sqrt(padded_dim) / 2 are stored as
 /// bytes of this step (rounded up), so that 255 steps always cover the range.
@@ -55,71 +119,147 @@ inline double rho_step(std::size_t padded_dim) noexcept {
   return std::sqrt(double(padded_dim)) * 0.5 * 1.0001 / 255.0;
 }
 
-/// Shared ending of the preparation: every operation here is on exact sums, so the
-/// vector and scalar paths agree.
-inline block_query_prep finish_prep(float alpha, double scale, double sum_ql, double sum_a,
-                                    double sum_epos, double sum_qlabs, double sum_abs,
-                                    double sum_a2, std::size_t padded_dim) noexcept {
-  block_query_prep out;
-  const double c = sum_ql + 0.5 * sum_a + 16.0 * sum_epos;
-  const double mag = sum_qlabs + 32.0 * sum_abs;
-  out.alpha = static_cast<float>(scale * double(alpha));
-  // Below FLT_MIN the float roundings err by up to 2^-150 absolutely, not relatively:
-  // alpha' (rounded to nearest) times |dot| <= 15 * 127 * padded_dim, the fma, the rho
-  // product and the final sum. This absolute term covers them (the fuzzer found bounds
-  // below scores of ~1e-43 with subnormal keys); elsewhere it is negligible.
-  const double tiny = (2048.0 * double(padded_dim) + 16.0) * 0x1p-149;
-  // scale > 0; each product is not followed by an addition, so no contraction applies.
-  out.offset = round_up_to_float(scale * (c + mag * 0x1p-20) + tiny);
-  out.holder = round_up_to_float(scale * (0.5 * sum_abs) * (1.0 + 0x1p-40));
-  // sum_a2 carries at most 2^-50 relative rounding: the 2^-40 inflation covers it.
-  out.norm = round_up_to_float(scale * std::sqrt(sum_a2) * (1.0 + 0x1p-40) * rho_step(padded_dim));
-  return out;
-}
-
+/// Sum of 8 double lanes by one fixed tree (also used by score_dot and the refinement).
 inline double reduce8(const double* a) noexcept {
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
+/// The preparation's fixed tree over 16 float lanes (the vector kernels do the same
+/// additions with shuffles).
+inline float scan_tree16(const float* x) noexcept {
+  float b[8], c[4];
+  for (int i = 0; i < 8; ++i) b[i] = x[i] + x[i + 8];
+  for (int i = 0; i < 4; ++i) c[i] = b[i] + b[i + 4];
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
 
-/// Prepares one block for one query q (padded_dim floats, padded channels 0):
-/// writes qa (padded_dim int8) and returns alpha', c'.
-__attribute__((always_inline)) inline block_query_prep prepare_block_query(
-    const float* lo, const float* st, const float* q, std::size_t padded_dim, double scale,
-    std::int8_t* qa) noexcept {
-  // Pass 1: a = q * st (exact in double) and max |a|.
-  double amax = 0.0;
-  for (std::size_t i = 0; i < padded_dim; ++i)
-    amax = std::max(amax, std::fabs(double(q[i]) * double(st[i])));
-  block_query_prep out;
-  if (amax == 0.0) {
-    std::memset(qa, 0, padded_dim);
+/// What the preparation needs besides the block and the query: fixed for one scan.
+struct scan_constants {
+  double scale = 1.0;
+  double dim = 0.0;       // padded_dim
+  double rel = 1.0;       // inflation of the non-negative float sums s, q2, m
+  double margin = 0.0;    // times MAG: the relative rounding margin of c'
+  double alpha_mag = 0.0; // 12 d: MAG's alpha term
+  double ops_sum = 0.0;   // roundings that may be subnormal in p (and m), and in q2
+  double ops_c = 0.0;     // in C (with the factors 16 and 15 of A - a and e')
+  double abs_u = 0.0;     // subnormal errors of the kernels' float epilogue, scaled
+  double norm_step = 0.0; // rho_step, inflated for the kernel's product n' * byte
+};
+
+inline scan_constants make_scan_constants(std::size_t padded_dim, double scale) noexcept {
+  scan_constants k;
+  const double d = double(padded_dim);
+  const double n16 = double((padded_dim + kPrepLanes - 1) / kPrepLanes);
+  k.scale = scale;
+  k.dim = d;
+  k.rel = 1.0 + (n16 + 8.0) * 0x1p-23;
+  k.margin = (3.0 * n16 + 12.0) * 0x1p-23;
+  k.alpha_mag = 12.0 * d;
+  k.ops_sum = d + 16.0;
+  k.ops_c = 34.0 * d + 48.0;
+  k.abs_u = (2048.0 * d + 16.0) * 0x1p-149;
+  k.norm_step = rho_step(padded_dim) * (1.0 + 0x1p-20);
+  return k;
+}
+
+/// A float >= x: fl(x + |x| 2^-22) + 2^-149 rounded to nearest, which is at least x for
+/// every finite x in range.
+inline float scan_round_up(double x) noexcept {
+  return static_cast<float>(std::fma(std::fabs(x), 0x1p-22, x) + 0x1p-149);
+}
+
+/// 1.5 * 2^23: for |t| < 2^22, fl(t + kScanRound) = kScanRound + RNE(t), whose low byte is
+/// RNE(t) in two's complement.
+inline constexpr float kScanRound = 12582912.0f;
+
+/// alpha = fl(max|a| / 127) and the factor that quantizes, inv = fl(127 / max|a|) (not
+/// 1 / alpha: the two divisions run in parallel), or 0 when alpha < FLT_MIN (every qa
+/// is then 0 and e = a).
+inline float scan_alpha(float amax) noexcept { return amax / 127.0f; }
+inline float scan_inverse(float amax, float alpha) noexcept {
+  return alpha >= FLT_MIN ? 127.0f / amax : 0.0f;
+}
+
+/// Shared ending of the preparation, from the tree sums to the kernels' constants (see the
+/// header comment), in double. Every product that feeds a sum is an explicit fma or
+/// exact, so the AVX-512 twin (finish_prep_avx512, four queries per register) gives the
+/// same bits. bm: the block's maxima.
+inline void finish_prep_one(block_query_prep& p, const scan_constants& k,
+                            block_maxima bm) noexcept {
+  // A float rounding of a result r errs by at most u |r| + min(2^-150, |r|); big and big2
+  // bound every |r| of the sums (c, p, m) and of q2.
+  const double qs = double(p.max_abs_q) * double(bm.st);
+  const double big = (k.dim * double(p.max_abs_q)) * (double(bm.lo) + 32.0 * double(bm.st));
+  const double big2 = (k.dim * qs) * qs;
+  const double sub = std::min(0x1p-150, big * (1.0 + 0x1p-20));
+  const double sub2 = std::min(0x1p-150, big2 * (1.0 + 0x1p-20));
+  const double a = double(p.raw_alpha);
+  const double s_up = double(p.sum_s) * k.rel;
+  const double mag_up = std::fma(k.alpha_mag, a, std::fma(k.ops_sum, sub, double(p.sum_m)) * k.rel);
+  const double c_up = double(p.sum_c) + std::fma(k.margin, mag_up, k.ops_c * sub);
+  const double n_up = std::sqrt(std::fma(k.ops_sum, sub2, double(p.sum_q2)) * k.rel);
+  p.alpha = static_cast<float>(k.scale * a);
+  p.offset = scan_round_up(std::fma(k.scale, c_up, k.abs_u));
+  p.holder = scan_round_up(k.scale * (0.5 * s_up));
+  p.norm = scan_round_up((k.scale * n_up) * k.norm_step);
+}
+
+inline void finish_prep(block_query_prep* prep, std::size_t n, const scan_constants& k,
+                        block_maxima bm) noexcept {
+  for (std::size_t g = 0; g < n; ++g) finish_prep_one(prep[g], k, bm);
+}
+
+/// Prepares one block for one query q (padded_dim floats, padded channels 0): writes its
+/// int8 query, channel 8 o + j at qa[o * qa_stride + j] (the kernels' octet-major layout:
+/// the nq queries' 8 bytes of an octet side by side, qa_stride = 8 nq), and alpha and the
+/// tree sums into out (finish_prep() does the rest). The plain definition the vector
+/// preparations match bit for bit.
+inline void prepare_block_query(const float* lo, const float* st, const float* q,
+                                std::size_t padded_dim, std::int8_t* qa, std::size_t qa_stride,
+                                block_query_prep& out) noexcept {
+  constexpr std::size_t L = kPrepLanes;
+  float ca[L] = {}, cb[L] = {}, s[L] = {}, q2[L] = {}, p[L] = {}, ce[L] = {};
+  float amax = 0.0f;
+  for (std::size_t i = 0; i < padded_dim; ++i) {
+    const std::size_t l = i % L;
+    const float a = q[i] * st[i];
+    const float fa = std::fabs(a);
+    amax = fa > amax ? fa : amax;
+    s[l] += fa;
+    q2[l] = std::fma(a, a, q2[l]);
+    ca[l] = std::fma(q[i], lo[i], ca[l]);
+    cb[l] = std::fma(a, 0.5f, cb[l]);
+    p[l] += std::fabs(q[i] * lo[i]);
   }
-  const float alpha = amax > 0.0 ? round_up_to_float(amax / 127.0) : 0.0f;
-  const double inv = amax > 0.0 ? 1.0 / double(alpha) : 0.0;
-  // Pass 2: quantize, and the lane sums.
-  double sum_ql[8] = {}, sum_a[8] = {}, sum_epos[8] = {}, sum_abs[8] = {}, sum_qlabs[8] = {},
-         sum_a2[8] = {};
-  for (std::size_t o = 0; o < padded_dim; o += 8) {
-    for (std::size_t l = 0; l < 8; ++l) {
-      const std::size_t i = o + l;
-      const double a = double(q[i]) * double(st[i]);
-      const double ql = double(q[i]) * double(lo[i]);
-      double r = std::nearbyint(a * inv);
-      r = std::clamp(r, -127.0, 127.0);
-      if (amax > 0.0) qa[i] = static_cast<std::int8_t>(r);
-      const double e = std::fma(-double(alpha), r, a);  // alpha * r is exact
-      sum_ql[l] += ql;
-      sum_qlabs[l] += std::fabs(ql);
-      sum_a[l] += a;
-      sum_abs[l] += std::fabs(a);
-      sum_a2[l] = std::fma(a, a, sum_a2[l]);  // fused in every kernel: the same bits
-      sum_epos[l] += std::max(e, 0.0);
-    }
+  const float alpha = scan_alpha(amax);
+  const float inv = scan_inverse(amax, alpha);
+  for (std::size_t i = 0; i < padded_dim; ++i) {
+    const float a = q[i] * st[i];
+    const float y = std::fma(a, inv, kScanRound);  // kScanRound + RNE(a inv)
+    const float r = y - kScanRound;
+    qa[i / 8 * qa_stride + i % 8] = static_cast<std::int8_t>(r);
+    const float e = std::fma(-alpha, r, a);
+    ce[i % L] += e > 0.0f ? e : 0.0f;
   }
-  (void)out;
-  return finish_prep(alpha, scale, reduce8(sum_ql), reduce8(sum_a), reduce8(sum_epos),
-                     reduce8(sum_qlabs), reduce8(sum_abs), reduce8(sum_a2), padded_dim);
+  float c[L], m[L];
+  for (std::size_t l = 0; l < L; ++l) {
+    c[l] = std::fma(ce[l], 15.0f, ca[l] + cb[l]);
+    m[l] = std::fma(s[l], 24.0f, p[l]);
+  }
+  out.raw_alpha = alpha;
+  out.sum_c = scan_tree16(c);
+  out.sum_s = scan_tree16(s);
+  out.sum_q2 = scan_tree16(q2);
+  out.sum_m = scan_tree16(m);
+}
+
+/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa octet-major,
+/// 8 nq bytes per octet).
+inline void prepare_block_queries(const float* lo, const float* st, const float* q,
+                                  std::size_t padded_dim, std::size_t nq, std::int8_t* qa,
+                                  block_query_prep* out) noexcept {
+  for (std::size_t g = 0; g < nq; ++g)
+    prepare_block_query(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, 8 * nq, out[g]);
 }
 
 }  // namespace certattn::detail
