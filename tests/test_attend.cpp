@@ -44,7 +44,7 @@ std::string name_of(const exact_case& c) {
 }
 
 template <storage_element T, class View>
-void check_group(const exact_case& p, const test::layout_cache<T>& cache, const View& kv,
+void check_group(const exact_case& p, const test::layout_cache<T>& /*owns kv's rows*/, const View& kv,
                  const synthetic::kv_cache& src, std::size_t head) {
   const std::size_t n = p.n, d = p.d, G = p.group;
   key_index idx(d);
