@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -47,6 +48,32 @@ std::vector<half> make_keys(const case_param& p, std::mt19937_64& rng) {
 
 class ScanTest : public ::testing::TestWithParam<case_param> {};
 
+/// The scan of idx's tokens [0, pool_end) for nq padded queries ([nq][padded_dim]) with
+/// kernel a: the bounds u ([nq][blocks * 128], 0 past pool_end's block) and block maxima.
+std::pair<std::vector<float>, std::vector<float>> run_scan(const certattn::key_index& idx,
+                                                           const float* qpad, std::size_t nq,
+                                                           double scale, std::size_t pool_end,
+                                                           certattn::isa a) {
+  const std::size_t B = certattn::key_index::kBlockTokens, nb = (pool_end + B - 1) / B;
+  std::vector<float> u(nq * nb * B, 0.0f), bmax(nq * nb, 0.0f);
+  std::vector<std::int8_t> qa(nq * idx.padded_dim());
+  std::vector<certattn::detail::block_query_prep> prep(nq);
+  certattn::scan_request r;
+  r.index = &idx;
+  r.queries = qpad;
+  r.nq = nq;
+  r.softmax_scale = scale;
+  r.pool_end = pool_end;
+  r.u = u.data();
+  r.u_stride = nb * B;
+  r.block_max = bmax.data();
+  r.block_stride = nb;
+  r.qa = qa.data();
+  r.prep = prep.data();
+  certattn::scan_score_bounds(r, a);
+  return {std::move(u), std::move(bmax)};
+}
+
 TEST_P(ScanTest, BoundsHoldAndKernelsAgree) {
   const case_param p = GetParam();
   std::mt19937_64 rng(p.head_dim * 1000003 + p.n * 31 + p.group * 7 + int(p.kind));
@@ -79,22 +106,7 @@ TEST_P(ScanTest, BoundsHoldAndKernelsAgree) {
   std::vector<std::vector<float>> results;
   for (certattn::isa a : {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
     if (int(a) > int(certattn::detected_isa())) continue;
-    std::vector<float> u(p.group * stride, 0.0f), bmax(p.group * nb, 0.0f);
-    std::vector<std::int8_t> qa(p.group * dp);
-    std::vector<certattn::detail::block_query_prep> prep(p.group);
-    certattn::scan_request r;
-    r.index = &idx;
-    r.queries = qpad.data();
-    r.nq = p.group;
-    r.softmax_scale = scale;
-    r.pool_end = p.n;
-    r.u = u.data();
-    r.u_stride = stride;
-    r.block_max = bmax.data();
-    r.block_stride = nb;
-    r.qa = qa.data();
-    r.prep = prep.data();
-    certattn::scan_score_bounds(r, a);
+    auto [u, bmax] = run_scan(idx, qpad.data(), p.group, scale, p.n, a);
     // u_i >= s_i, with s_i in double as the reference computes it.
     for (std::size_t g = 0; g < p.group; ++g) {
       const auto s = certattn::exact_scores(std::span<const float>(q.data() + g * p.head_dim, p.head_dim),
@@ -168,22 +180,7 @@ TEST(ScanTest, PartialPoolsGroupSizesAndDegenerateQueries) {
           for (certattn::isa a :
                {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
             if (int(a) > int(certattn::detected_isa())) continue;
-            std::vector<float> u(group * stride, 0.0f), bmax(group * nb, 0.0f);
-            std::vector<std::int8_t> qa(group * dp);
-            std::vector<certattn::detail::block_query_prep> prep(group);
-            certattn::scan_request r;
-            r.index = &idx;
-            r.queries = q.data();
-            r.nq = group;
-            r.softmax_scale = scale;
-            r.pool_end = pool_end;
-            r.u = u.data();
-            r.u_stride = stride;
-            r.block_max = bmax.data();
-            r.block_stride = nb;
-            r.qa = qa.data();
-            r.prep = prep.data();
-            certattn::scan_score_bounds(r, a);
+            auto [u, bmax] = run_scan(idx, q.data(), group, scale, pool_end, a);
             for (std::size_t g = 0; g < group; ++g) {
               const auto s = certattn::exact_scores(
                   std::span<const float>(q.data() + g * dp, d), certattn::keys_matrix(kv), scale);
@@ -235,22 +232,7 @@ TEST(ScanTest, IdenticalKeysNeedTheRoundingMargins) {
       for (certattn::isa a :
            {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
         if (int(a) > int(certattn::detected_isa())) continue;
-        std::vector<float> u(group * stride), bmax(group * nb);
-        std::vector<std::int8_t> qa(group * dp);
-        std::vector<certattn::detail::block_query_prep> prep(group);
-        certattn::scan_request r;
-        r.index = &idx;
-        r.queries = q.data();
-        r.nq = group;
-        r.softmax_scale = scale;
-        r.pool_end = n;
-        r.u = u.data();
-        r.u_stride = stride;
-        r.block_max = bmax.data();
-        r.block_stride = nb;
-        r.qa = qa.data();
-        r.prep = prep.data();
-        certattn::scan_score_bounds(r, a);
+        auto [u, bmax] = run_scan(idx, q.data(), group, scale, n, a);
         for (std::size_t g = 0; g < group; ++g) {
           const auto s = certattn::exact_scores(
               std::span<const float>(q.data() + g * dp, d), certattn::keys_matrix(kv), scale);
@@ -291,22 +273,7 @@ TEST(ScanTest, ZeroScoresWithAHugeScaleStayFinite) {
       for (certattn::isa a :
            {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
         if (int(a) > int(certattn::detected_isa())) continue;
-        std::vector<float> u(group * stride), bmax(group * nb);
-        std::vector<std::int8_t> qa(group * dp);
-        std::vector<certattn::detail::block_query_prep> prep(group);
-        certattn::scan_request r;
-        r.index = &idx;
-        r.queries = q.data();
-        r.nq = group;
-        r.softmax_scale = scale;
-        r.pool_end = n;
-        r.u = u.data();
-        r.u_stride = stride;
-        r.block_max = bmax.data();
-        r.block_stride = nb;
-        r.qa = qa.data();
-        r.prep = prep.data();
-        certattn::scan_score_bounds(r, a);
+        auto [u, bmax] = run_scan(idx, q.data(), group, scale, n, a);
         for (std::size_t g = 0; g < group; ++g)
           for (std::size_t t = 0; t < n; ++t) {
             ASSERT_GE(u[g * stride + t], 0.0f) << certattn::to_string(a);
