@@ -51,6 +51,20 @@ std::string_view to_string(layout_kind k) noexcept {
   return "?";
 }
 
+record point_fields(const run_point& p) {
+  return {
+      {"context", std::uint64_t(p.context)},
+      {"kv_heads", std::uint64_t(p.kv_heads)},
+      {"group", std::uint64_t(p.group)},
+      {"head_dim", std::uint64_t(p.head_dim)},
+      {"threads", std::uint64_t(p.threads)},
+      {"layout", std::string(to_string(p.layout))},
+      {"regime", std::string(syn::to_string(p.regime))},
+      {"eps", p.eps},
+      {"delta", p.delta},
+  };
+}
+
 layout_kind layout_from_string(std::string_view s) {
   if (s == "hnd") return layout_kind::kHnd;
   if (s == "nhd") return layout_kind::kNhd;

@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "report.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -38,6 +40,16 @@ std::string format_count(std::size_t n);
 
 enum class layout_kind { kHnd, kNhd, kPaged };
 std::string_view to_string(layout_kind k) noexcept;
+
+/// The grid point a speed or index row measured.
+struct run_point {
+  std::size_t context = 0, kv_heads = 0, group = 0, head_dim = 0, threads = 0;
+  layout_kind layout = layout_kind::kHnd;
+  syn::regime regime = syn::regime::kMixed;
+  double eps = 0, delta = 0;
+};
+/// Its fields, the first of every such row's record (names of the JSON contract).
+record point_fields(const run_point& p);
 layout_kind layout_from_string(std::string_view s);
 
 /// One layer's cache (all KV heads) in one layout, fp16:

@@ -20,11 +20,8 @@
 namespace certattn::bench {
 namespace {
 
-struct index_row {
-  std::size_t context = 0, kv_heads = 0, group = 0, head_dim = 0, threads = 0, steps = 0;
-  layout_kind layout = layout_kind::kHnd;
-  syn::regime regime = syn::regime::kMixed;
-  double eps = 0, delta = 0;
+struct index_row : run_point {
+  std::size_t steps = 0;
   double build_s = 0, build_keys_per_s = 0, build_keys_per_s_per_thread = 0;
   double append_us = 0, append_us_median = 0, append_us_max = 0;  // per step, all heads
   double certified_ms = 0;                                        // per step, all heads
@@ -33,16 +30,8 @@ struct index_row {
 };
 
 record to_record(const index_row& r) {
-  return {
-      {"context", std::uint64_t(r.context)},
-      {"kv_heads", std::uint64_t(r.kv_heads)},
-      {"group", std::uint64_t(r.group)},
-      {"head_dim", std::uint64_t(r.head_dim)},
-      {"threads", std::uint64_t(r.threads)},
-      {"layout", std::string(to_string(r.layout))},
-      {"regime", std::string(syn::to_string(r.regime))},
-      {"eps", r.eps},
-      {"delta", r.delta},
+  record rec = point_fields(r);
+  rec.insert(rec.end(), {
       {"steps", std::uint64_t(r.steps)},
       {"build_s", r.build_s},
       {"build_keys_per_s", r.build_keys_per_s},
@@ -55,7 +44,8 @@ record to_record(const index_row& r) {
       {"index_bytes", std::uint64_t(r.index_bytes)},
       {"kv_bytes", std::uint64_t(r.kv_bytes)},
       {"index_frac", r.index_frac},
-  };
+  });
+  return rec;
 }
 
 /// Builds the indexes of one layout with one pool, then runs the append + query steps.
@@ -244,15 +234,7 @@ void run_index(const grid_flags& f) {
           index_row row = lc.visit([&](auto view_of) {
             return run_one(lc, view_of, n, G, queries, opt, f.warmup, f.reps, P.get(t), ws, flush);
           });
-          row.context = n;
-          row.kv_heads = H;
-          row.group = G;
-          row.head_dim = d;
-          row.threads = t;
-          row.layout = layout;
-          row.regime = regime;
-          row.eps = opt.epsilon;
-          row.delta = opt.delta;
+          static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, opt.epsilon, opt.delta};
           rows.push_back(row);
           prog.advance(double(n * H));
         }

@@ -27,11 +27,8 @@ struct speed_flags : grid_flags {
   std::size_t bandwidth_mib = 1024;
 };
 
-struct speed_row {
-  std::size_t context = 0, kv_heads = 0, group = 0, head_dim = 0, threads = 0, reps = 0;
-  layout_kind layout = layout_kind::kHnd;
-  syn::regime regime = syn::regime::kMixed;
-  double eps = 0, delta = 0;
+struct speed_row : run_point {
+  std::size_t reps = 0;
   double dense_ms = 0, certified_ms = 0, speedup = 0;
   double keys_read_frac = 0, keys_read_per_head = 0, bytes_read_frac = 0;
   double certified_frac = 0, fallback_frac = 0;
@@ -40,16 +37,8 @@ struct speed_row {
 };
 
 record to_record(const speed_row& r) {
-  record rec{
-      {"context", std::uint64_t(r.context)},
-      {"kv_heads", std::uint64_t(r.kv_heads)},
-      {"group", std::uint64_t(r.group)},
-      {"head_dim", std::uint64_t(r.head_dim)},
-      {"threads", std::uint64_t(r.threads)},
-      {"layout", std::string(to_string(r.layout))},
-      {"regime", std::string(syn::to_string(r.regime))},
-      {"eps", r.eps},
-      {"delta", r.delta},
+  record rec = point_fields(r);
+  rec.insert(rec.end(), {
       {"reps", std::uint64_t(r.reps)},
       {"dense_ms", r.dense_ms},
       {"certified_ms", r.certified_ms},
@@ -62,7 +51,7 @@ record to_record(const speed_row& r) {
       {"dense_gbps", r.dense_gbps},
       {"read_gbps", r.read_gbps},
       {"dense_bw_frac", r.dense_bw_frac},
-  };
+  });
 #ifdef CERTATTN_PROFILE_STAGES
   for (int i = 0; i < 6; ++i) rec.push_back({std::string("stage_ms_") + kStageNames[i], r.stage_ms[i]});
 #endif
@@ -432,15 +421,7 @@ void run_speed(const speed_flags& f) {
                                  2.0 * double(n * H));
               });
               speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
-              row.context = n;
-              row.kv_heads = H;
-              row.group = G;
-              row.head_dim = d;
-              row.threads = t;
-              row.layout = layout;
-              row.regime = regime;
-              row.eps = eps;
-              row.delta = delta;
+              static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
               rows.push_back(row);
             }
       }
