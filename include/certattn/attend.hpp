@@ -429,10 +429,10 @@ struct detail_attend {
     // grid ratio 2). Either way the level is the one earliest_level(s - c + E) gives.
     const std::uint64_t bits = pert.bits(t);
     const double x = s - c;
-    int ls = earliest_level(x + double(perturbation::exp1_upper_from_bits(bits)), opt.grid_ratio,
-                            opt.max_levels);
-    if (ls != earliest_level(x + double(perturbation::exp1_lower_from_bits(bits)), opt.grid_ratio,
-                             opt.max_levels))
+    const float upper = perturbation::exp1_upper_from_bits(bits);
+    int ls = earliest_level(x + double(upper), opt.grid_ratio, opt.max_levels);
+    if (ls != earliest_level(x + double(perturbation::exp1_lower_from_bits(bits, upper)),
+                             opt.grid_ratio, opt.max_levels))
       ls = earliest_level(x + perturbation::exp1_from_bits(bits), opt.grid_ratio, opt.max_levels);
     if (ls > opt.max_levels) return;
     if (ls > level) {

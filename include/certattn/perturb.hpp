@@ -89,8 +89,12 @@ class perturbation {
   /// over all 2^24 values of t at the smallest E by a test). For t < 2^12 (probability
   /// 2^-12) it returns 0: valid, and too wide to decide anything.
   static float exp1_lower_from_bits(std::uint64_t b) noexcept {
+    return exp1_lower_from_bits(b, exp1_upper_from_bits(b));
+  }
+  /// The same, given upper = exp1_upper_from_bits(b) (the hot path has it already).
+  static float exp1_lower_from_bits(std::uint64_t b, float upper) noexcept {
     if ((b >> 40) < (std::uint64_t(1) << 12)) return 0.0f;
-    return std::max(0.0f, exp1_upper_from_bits(b) - kBracket);
+    return std::max(0.0f, upper - kBracket);
   }
   static constexpr float kBracket = 0.02f;
   static constexpr float kMaxExp1 = 36.75f;
