@@ -90,7 +90,7 @@ class layer_cache {
   std::size_t n_, d_, heads_;
   const half* k_ = nullptr;
   const half* v_ = nullptr;
-  std::vector<half> keys_, values_;  // empty for hnd
+  large_vector<half> keys_, values_;  // empty for hnd; on huge pages (memory.hpp)
   std::vector<std::int32_t> table_;
 };
 

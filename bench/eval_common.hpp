@@ -25,7 +25,7 @@ struct eval_data {
   std::string name;    // "mixed/16K", or the .npy cache's file name
   std::string source;  // the regime, or "npy"
   std::size_t n = 0, d = 0, heads = 0, group = 0, steps = 0;
-  std::vector<half> keys, values;  // [heads][n][d]
+  large_vector<half> keys, values;  // [heads][n][d]
   std::vector<float> queries;      // [steps][heads][group][d]
 
   const half* key_rows(std::size_t h) const noexcept { return keys.data() + h * n * d; }

@@ -116,7 +116,7 @@ void binomial_tests() {
 void cache_files(const std::string& dir) {
   // 2 KV heads x 4096 tokens x head_dim 64, 4 steps x group 4: 32 calls.
   const eval_data e = synthetic_data(synthetic::regime::kMixed, 4096, 2, 4, 64, 4, 7);
-  std::vector<half> kv(e.keys);
+  std::vector<half> kv(e.keys.begin(), e.keys.end());
   kv.insert(kv.end(), e.values.begin(), e.values.end());
   npy::write(dir + "/kv_f16.npy", {2, e.heads, e.n, e.d}, std::span<const half>(kv));
   std::vector<float> kvf(kv.size());

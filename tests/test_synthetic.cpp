@@ -28,8 +28,8 @@ syn::cache_config config(syn::regime kind, std::size_t n = 1024, std::size_t d =
   return cfg;
 }
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+template <class T, class A>
+bool same_bits(const std::vector<T, A>& a, const std::vector<T, A>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 

@@ -22,6 +22,7 @@
 #include <certattn/dense.hpp>
 #include <certattn/index.hpp>
 #include <certattn/layout.hpp>
+#include <certattn/memory.hpp>
 #include <certattn/options.hpp>
 #include <certattn/perturb.hpp>
 #include <certattn/sampler.hpp>
@@ -162,7 +163,10 @@ class attend_workspace {
   std::size_t group_, d_, dp_, cap_;
   int levels_;
   std::size_t u_stride_ = 0, block_stride_ = 0;
-  std::vector<float> qpad_, u_, block_max_;
+  // Per-token arrays (large_vector: on huge pages, memory.hpp): the level loop reads
+  // them at the candidates' random positions.
+  std::vector<float> qpad_, block_max_;
+  large_vector<float> u_;
   std::vector<std::int8_t> qa_;
   std::vector<detail::block_query_prep> prep_;
   std::size_t fixed_stride_ = 0;
@@ -170,21 +174,21 @@ class attend_workspace {
   std::vector<double> head_c_;              // [group] c of each head
   std::vector<std::size_t> head_max_keys_;  // [group] keys the max stage read exactly
   std::vector<double> window_weight_, window_sq_;  // [group] sums over window + exact set
-  std::vector<std::uint32_t> cand_idx_, bucket_;
-  std::vector<std::uint8_t> cand_lvl_;
+  large_vector<std::uint32_t> cand_idx_, bucket_;
+  large_vector<std::uint8_t> cand_lvl_;
   std::vector<std::uint32_t> bucket_start_;
-  std::vector<node> nodes_;
+  large_vector<node> nodes_;
   struct admitted {
     std::uint32_t token = 0;
     int heavy_level = 0;
     double score = 0.0;
   };
-  std::vector<std::uint32_t> to_score_;   // this level's keys to read exactly
-  std::vector<float> e_up_;               // [pool] upper bounds on the perturbations
+  large_vector<std::uint32_t> to_score_;  // this level's keys to read exactly
+  large_vector<float> e_up_;              // [pool] upper bounds on the perturbations
   std::vector<float> refine_a_;           // [blocks][padded_dim] q * st8 of this head
   std::vector<float> refine_offset_;      // [blocks] C8 + margin of this head
   std::vector<std::uint8_t> refine_ready_;  // [blocks] prepared for this head
-  std::vector<admitted> to_include_;      // this level's keys whose values enter the sums
+  large_vector<admitted> to_include_;     // this level's keys whose values enter the sums
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
   std::vector<double> window_num_;  // [group][head_dim]

@@ -7,6 +7,7 @@
 #include <certattn/arch/scan_prep.hpp>
 #include <certattn/common.hpp>
 #include <certattn/layout.hpp>
+#include <certattn/memory.hpp>
 #include <certattn/value_bounds.hpp>
 
 #include <algorithm>
@@ -371,11 +372,12 @@ class key_index {
   std::vector<float> rows_, row_, mins_, maxs_, check_;
   std::vector<double> inv4_, inv8_;
   std::size_t inverse_block_ = std::size_t(-1);
-  std::vector<std::uint8_t> codes4_;      // [blocks][groups][octets][64]
-  std::vector<std::uint8_t> codes8_;      // [tokens (block-padded)][padded_dim]
-  std::vector<std::uint8_t> rho_;         // [tokens (block-padded)] residual norm bytes
-  std::vector<float> scales_;             // [blocks][lo, st4, st8][padded_dim]
-  std::vector<float> dist_;               // [tokens (block-padded)] ||v_t - g|| rounded up
+  // The arrays calls read (on huge pages: see memory.hpp).
+  large_vector<std::uint8_t> codes4_;     // [blocks][groups][octets][64]
+  large_vector<std::uint8_t> codes8_;     // [tokens (block-padded)][padded_dim]
+  large_vector<std::uint8_t> rho_;        // [tokens (block-padded)] residual norm bytes
+  large_vector<float> scales_;            // [blocks][lo, st4, st8][padded_dim]
+  large_vector<float> dist_;              // [tokens (block-padded)] ||v_t - g|| rounded up
   std::vector<float> block_prefix_max_;   // [blocks] max of dist_ <= cap_ over blocks 0..b
   std::vector<float> center_;             // [head_dim] g
 };

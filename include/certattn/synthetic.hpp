@@ -5,6 +5,7 @@
 #pragma once
 
 #include <certattn/common.hpp>
+#include <certattn/memory.hpp>
 
 #include <algorithm>
 #include <array>
@@ -105,11 +106,12 @@ struct head_structure {
 };
 
 /// A synthetic fp16 KV cache, head-major (HND):
-/// keys[(h * n_tokens + t) * head_dim + ch], values likewise.
+/// keys[(h * n_tokens + t) * head_dim + ch], values likewise. On huge pages, as an
+/// engine's cache should be (memory.hpp, docs/integration.md).
 struct kv_cache {
   cache_config config;
-  std::vector<half> keys;    // [kv_heads][n_tokens][head_dim], RoPE applied
-  std::vector<half> values;  // [kv_heads][n_tokens][head_dim]
+  large_vector<half> keys;    // [kv_heads][n_tokens][head_dim], RoPE applied
+  large_vector<half> values;  // [kv_heads][n_tokens][head_dim]
 
   const half* key_row(std::size_t head, std::size_t token) const {
     return keys.data() + (head * config.n_tokens + token) * config.head_dim;
