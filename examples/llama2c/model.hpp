@@ -5,6 +5,7 @@
 #pragma once
 
 #include <certattn/common.hpp>
+#include <certattn/memory.hpp>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -125,7 +126,7 @@ inline model load_model(const std::string& path) {
 /// one KV head of it.
 struct state {
   std::vector<float> x, xb, xb2, hb, hb2, q, k, v, att, logits;
-  std::vector<half> key_cache, value_cache;  // [layer][seq_len][kv_dim]
+  certattn::large_vector<half> key_cache, value_cache;  // [layer][seq_len][kv_dim], huge pages
   std::size_t layer_stride = 0;              // seq_len * kv_dim
 
   explicit state(const config& c)

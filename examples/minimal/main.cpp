@@ -26,7 +26,8 @@ int main() {
   cfg.kv_heads = kv_heads;
   cfg.kind = syn::regime::kMixed;
   const syn::kv_cache model = syn::make_cache(cfg);
-  std::vector<half> keys(n * kv_heads * d), values(n * kv_heads * d);
+  // The engine's cache, on huge pages (docs/integration.md, "Memory").
+  certattn::large_vector<half> keys(n * kv_heads * d), values(n * kv_heads * d);
   for (std::size_t t = 0; t < n; ++t)
     for (std::size_t h = 0; h < kv_heads; ++h)
       for (std::size_t i = 0; i < d; ++i) {

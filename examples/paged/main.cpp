@@ -27,7 +27,8 @@ using certattn::half;
 struct page_pool {
   static constexpr std::size_t page_size = 16;
   std::size_t kv_heads, head_dim;
-  std::vector<half> key_pages, value_pages;  // [pages][page_size][kv_heads][head_dim]
+  // On huge pages (docs/integration.md, "Memory"): the certified call reads rows at random.
+  certattn::large_vector<half> key_pages, value_pages;  // [pages][page_size][kv_heads][head_dim]
   std::vector<std::int32_t> free_list;
 
   page_pool(std::size_t pages, std::size_t kv_heads_, std::size_t head_dim_)

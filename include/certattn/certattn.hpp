@@ -2,6 +2,7 @@
 #pragma once
 
 #include <certattn/common.hpp>
+#include <certattn/memory.hpp>
 #include <certattn/options.hpp>
 #include <certattn/perturb.hpp>
 #include <certattn/sampler.hpp>
