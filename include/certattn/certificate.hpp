@@ -54,9 +54,13 @@ inline count_interval chernoff_count_interval(std::size_t count, double log_term
     }
     out.hi = mu;
   }
-  // Lower end: f(mu) = L for mu < k. At mu0 = k exp(-(L + k)/k): f(mu0) = L + mu0 > L.
+  // Lower end: f(mu) = L for mu < k. Two starts left of the root: at k exp(-(L + k)/k),
+  // f = L + mu > L; at k - t with t = sqrt(2kL) (a hair more), f >= t^2 / (2k) >= L by
+  // the series -ln(1 - t/k) >= t/k + t^2/(2k^2). The larger is closer: from it Newton
+  // needs a few steps instead of 10-30 (this runs at every level of every head).
   {
-    double mu = k * std::exp(-(log_term + k) / k);
+    const double t = std::sqrt(2.0 * k * log_term) * (1.0 + 1e-9);
+    double mu = std::max(k - t, k * std::exp(-(log_term + k) / k));
     for (int it = 0; it < 200; ++it) {
       const double f = detail::chernoff_rate(k, mu) - log_term;
       const double fp = 1.0 - k / mu;  // < 0 left of k
