@@ -4,7 +4,10 @@
 // certified calls, so calls on several query heads may share it concurrently.
 #pragma once
 
+#include <certattn/arch/avx512/encode_kernels.hpp>
+#include <certattn/arch/dispatch.hpp>
 #include <certattn/arch/scan_prep.hpp>
+#include <certattn/arch/score_dot.hpp>
 #include <certattn/common.hpp>
 #include <certattn/layout.hpp>
 #include <certattn/memory.hpp>
@@ -241,12 +244,13 @@ class key_index {
     return true;
   }
 
-  /// Reciprocal steps of block b, for the quantisation guesses of encode_token.
+  /// Reciprocal steps of block b, for the quantisation guesses of encode_token (padded
+  /// channels: 0, like their steps).
   void prepare_block_inverse(std::size_t b) {
     const float* s4 = block_step4(b);
     const float* s8 = block_step8(b);
-    inv4_.resize(d_);
-    inv8_.resize(d_);
+    inv4_.assign(dp_, 0.0);
+    inv8_.assign(dp_, 0.0);
     for (std::size_t i = 0; i < d_; ++i) {
       inv4_[i] = s4[i] > 0.0f ? 1.0 / double(s4[i]) : 0.0;
       inv8_[i] = s8[i] > 0.0f ? 1.0 / double(s8[i]) : 0.0;
@@ -254,31 +258,53 @@ class key_index {
     inverse_block_ = b;
   }
 
+  /// Quantises token tb of block b (its key row x) into its 8-bit row, its nibbles of the
+  /// 4-bit layout and its residual-norm byte. The AVX-512 path computes the same bits as
+  /// the scalar loop (arch/avx512/encode_kernels.hpp); both sum the residual's squares in
+  /// 8 lanes (channel i in lane i mod 8) and add the lanes in one fixed order.
   void encode_token(const float* x, std::size_t b, std::size_t tb) {
     if (inverse_block_ != b) prepare_block_inverse(b);
     const float* lo = block_lo(b);
     const float* s4 = block_step4(b);
     const float* s8 = block_step8(b);
     std::uint8_t* c8 = codes8_.data() + (b * kBlockTokens + tb) * dp_;
+    q4_.resize(dp_);
+    double lanes[8] = {};
+    bool done = false;
+#if CERTATTN_X86
+    if (active_isa() == isa::kAvx512Vnni)
+      done = detail::quantize_row_avx512(x, d_, dp_, lo, s4, s8, inv4_.data(), inv8_.data(),
+                                         c8, q4_.data(), lanes);
+#endif
+    if (!done) {
+      std::fill(lanes, lanes + 8, 0.0);
+      for (std::size_t i = 0; i < dp_; ++i) {
+        if (i >= d_) {  // padding: code 0
+          c8[i] = 0;
+          q4_[i] = 0;
+          continue;
+        }
+        const double v = double(x[i]), l = double(lo[i]);
+        c8[i] = std::uint8_t(quantize(v, l, s8[i], inv8_[i], 255));
+        const unsigned q4 = quantize(v, l, s4[i], inv4_[i], 15);
+        q4_[i] = std::uint8_t(q4);
+        if (s4[i] > 0.0f) {  // f in [0, 1] with x = lo + st (q4 + f); a constant channel adds 0
+          const double f = (v - l) * inv4_[i] - double(q4);
+          lanes[i % 8] += (f - 0.5) * (f - 0.5);
+        }
+      }
+    }
+    // The 4-bit layout: per channel octet o, the token's 4 bytes hold channels 8o + j (low
+    // nibble) and 8o + 4 + j (high nibble), j < 4.
     std::uint8_t* c4 = codes4_.data() + b * block_code4_bytes();
     const std::size_t g = tb / kGroupTokens, lane = tb % kGroupTokens;
     for (std::size_t o = 0; o < dp_ / 8; ++o) {
       std::uint8_t* dst = c4 + (g * (dp_ / 8) + o) * 64 + lane * 4;
-      for (std::size_t j = 0; j < 4; ++j) dst[j] = 0;
+      const std::uint8_t* q = q4_.data() + 8 * o;
+      for (std::size_t j = 0; j < 4; ++j) dst[j] = std::uint8_t(q[j] | q[j + 4] << 4);
     }
-    double rho2 = 0.0;
-    for (std::size_t i = 0; i < d_; ++i) {
-      const double v = double(x[i]), l = double(lo[i]);
-      c8[i] = std::uint8_t(quantize(v, l, s8[i], inv8_[i], 255));
-      const unsigned q4 = quantize(v, l, s4[i], inv4_[i], 15);
-      if (s4[i] > 0.0f) {  // f in [0, 1] with x = lo + st (q4 + f); a constant channel adds 0
-        const double f = (v - l) * inv4_[i] - double(q4);
-        rho2 += (f - 0.5) * (f - 0.5);
-      }
-      const std::size_t o = i / 8, j = i % 8;
-      std::uint8_t& byte = c4[(g * (dp_ / 8) + o) * 64 + lane * 4 + (j & 3)];
-      byte = std::uint8_t(byte | (j < 4 ? q4 : q4 << 4));
-    }
+    const double rho2 = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                        ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     // Rounded up with a margin far above the rounding of f (reciprocal and products:
     // a few 1e-16 relative of values at most 16).
     const double rho = std::sqrt(rho2) * (1.0 + 1e-9) + 1e-9;
@@ -383,6 +409,7 @@ class key_index {
   // Scratch of the encoder (not part of the index's state).
   std::vector<float> rows_, row_, mins_, maxs_, check_;
   std::vector<double> inv4_, inv8_;
+  std::vector<std::uint8_t> q4_;  // one row's 4-bit codes, one per byte
   std::size_t inverse_block_ = std::size_t(-1);
   // The arrays calls read (on huge pages: see memory.hpp).
   large_vector<std::uint8_t> codes4_;     // [blocks][groups][octets][64]
