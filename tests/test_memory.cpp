@@ -82,9 +82,8 @@ TEST(HugePageAllocator, LargeArraysAreAdvisedForHugePages) {
   const std::string flags = vm_flags_of(v.data());
   if (flags.empty()) GTEST_SKIP() << "no /proc/self/smaps here";
   EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
-  large_vector<std::uint8_t> small(4096);
-  EXPECT_EQ((vm_flags_of(small.data()) + " ").find(" hg "), std::string::npos)
-      << "a small array should not be advised (it shares pages with the heap)";
+  // (No check that small arrays are not advised: malloc may hand out memory of a freed,
+  // advised large array again, whose mapping keeps the flag.)
 }
 #endif
 
