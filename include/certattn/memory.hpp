@@ -3,9 +3,9 @@
 // the KV cache itself.
 //
 // Why huge pages: a certified call reads a few thousand rows scattered over tens of MiB
-// per head. With 4 KiB pages nearly every such read also misses the TLB (Zen 4's 3072
-// second-level entries cover 12 MiB) and waits for a page walk that costs about as much
-// as the row. With 2 MiB pages the same arrays need a few dozen entries. Measured on the
+// per head. With 4 KiB pages nearly every such read also misses the TLB (the 3-4K
+// second-level entries of Zen 4 and Zen 5 cover 12-16 MiB) and waits for a page walk that
+// costs about as much as the row. With 2 MiB pages the same arrays need a few dozen entries. Measured on the
 // bench's cache (docs/fast-path.md, "Huge pages"): the certified call 30% faster, the
 // dense kernel, a sequential reader, 4-5%.
 //
