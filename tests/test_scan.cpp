@@ -74,6 +74,31 @@ std::pair<std::vector<float>, std::vector<float>> run_scan(const certattn::key_i
   return {std::move(u), std::move(bmax)};
 }
 
+/// The scan's two promises for tokens [0, pool_end) of every query g (q + g * q_stride,
+/// d channels): u_t >= s_t, with s_t in double as the reference computes it, and each
+/// block maximum equal to the maximum of its tokens' u. (Call under
+/// ASSERT_NO_FATAL_FAILURE: the assertions end this function, not the test.)
+void check_bounds(const std::vector<float>& u, const std::vector<float>& bmax, const float* q,
+                  std::size_t q_stride, std::size_t d, std::size_t nq,
+                  const certattn::strided_kv<half>& kv, double scale, std::size_t pool_end,
+                  certattn::isa a) {
+  const std::size_t B = certattn::key_index::kBlockTokens, nb = (pool_end + B - 1) / B;
+  const std::size_t stride = nb * B;
+  for (std::size_t g = 0; g < nq; ++g) {
+    const auto s = certattn::exact_scores(std::span<const float>(q + g * q_stride, d),
+                                          certattn::keys_matrix(kv), scale);
+    for (std::size_t t = 0; t < pool_end; ++t)
+      ASSERT_GE(double(u[g * stride + t]), s[t])
+          << "isa " << certattn::to_string(a) << " g " << g << " token " << t;
+    for (std::size_t b = 0; b < nb; ++b) {
+      float m = -INFINITY;
+      for (std::size_t t = b * B; t < std::min(pool_end, b * B + B); ++t)
+        m = std::max(m, u[g * stride + t]);
+      ASSERT_EQ(bmax[g * nb + b], m) << "isa " << certattn::to_string(a) << " g " << g << " block " << b;
+    }
+  }
+}
+
 TEST_P(ScanTest, BoundsHoldAndKernelsAgree) {
   const case_param p = GetParam();
   std::mt19937_64 rng(p.head_dim * 1000003 + p.n * 31 + p.group * 7 + int(p.kind));
@@ -107,19 +132,8 @@ TEST_P(ScanTest, BoundsHoldAndKernelsAgree) {
   for (certattn::isa a : {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
     if (int(a) > int(certattn::detected_isa())) continue;
     auto [u, bmax] = run_scan(idx, qpad.data(), p.group, scale, p.n, a);
-    // u_i >= s_i, with s_i in double as the reference computes it.
-    for (std::size_t g = 0; g < p.group; ++g) {
-      const auto s = certattn::exact_scores(std::span<const float>(q.data() + g * p.head_dim, p.head_dim),
-                                            certattn::keys_matrix(kv), scale);
-      for (std::size_t t = 0; t < p.n; ++t)
-        ASSERT_GE(double(u[g * stride + t]), s[t])
-            << "isa " << certattn::to_string(a) << " g " << g << " token " << t;
-      for (std::size_t b = 0; b < nb; ++b) {
-        float m = -INFINITY;
-        for (std::size_t t = b * B; t < std::min(p.n, b * B + B); ++t) m = std::max(m, u[g * stride + t]);
-        ASSERT_EQ(bmax[g * nb + b], m);
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        check_bounds(u, bmax, q.data(), p.head_dim, p.head_dim, p.group, kv, scale, p.n, a));
     u.resize(p.group * stride);
     for (std::size_t g = 0; g < p.group; ++g)  // ignore the tail past n
       for (std::size_t t = p.n; t < stride; ++t) u[g * stride + t] = 0.0f;
@@ -181,21 +195,10 @@ TEST(ScanTest, PartialPoolsGroupSizesAndDegenerateQueries) {
                {certattn::isa::kScalar, certattn::isa::kAvx2, certattn::isa::kAvx512Vnni}) {
             if (int(a) > int(certattn::detected_isa())) continue;
             auto [u, bmax] = run_scan(idx, q.data(), group, scale, pool_end, a);
-            for (std::size_t g = 0; g < group; ++g) {
-              const auto s = certattn::exact_scores(
-                  std::span<const float>(q.data() + g * dp, d), certattn::keys_matrix(kv), scale);
-              for (std::size_t t = 0; t < pool_end; ++t)
-                ASSERT_GE(double(u[g * stride + t]), s[t])
-                    << certattn::to_string(a) << " g " << g << " t " << t;
-              for (std::size_t b = 0; b < nb; ++b) {
-                float m = -INFINITY;
-                for (std::size_t t = b * B; t < std::min(pool_end, b * B + B); ++t)
-                  m = std::max(m, u[g * stride + t]);
-                ASSERT_EQ(bmax[g * nb + b], m)
-                    << certattn::to_string(a) << " g " << g << " block " << b;
-              }
+            ASSERT_NO_FATAL_FAILURE(
+                check_bounds(u, bmax, q.data(), dp, d, group, kv, scale, pool_end, a));
+            for (std::size_t g = 0; g < group; ++g)  // ignore the tail past pool_end
               for (std::size_t t = pool_end; t < stride; ++t) u[g * stride + t] = 0.0f;
-            }
             u.insert(u.end(), bmax.begin(), bmax.end());
             results.push_back(u);
           }
