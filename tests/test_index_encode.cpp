@@ -1,5 +1,6 @@
 // key_index's quantisation: the AVX-512 row encoder gives the scalar loop's bits (codes,
-// residual-norm bytes), and every code brackets its key: lo + st q <= k <= lo + st (q + 1).
+// residual-norm bytes), and every code brackets its key: lo + st q <= k <= lo + st (q + 1),
+// also for appended tokens whose block borrowed the previous block's ranges.
 #include <certattn/index.hpp>
 
 #include <gtest/gtest.h>
@@ -16,7 +17,7 @@ using certattn::half;
 using certattn::isa;
 using certattn::key_index;
 
-enum class kind { kGaussian, kOutlierChannels, kConstantChannels, kTiny, kHuge, kTies };
+enum class kind { kGaussian, kOutlierChannels, kConstantChannels, kTiny, kHuge, kTies, kDrift };
 
 std::vector<half> make_keys(kind k, std::size_t n, std::size_t d, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -32,6 +33,9 @@ std::vector<half> make_keys(kind k, std::size_t n, std::size_t d, std::uint64_t 
         case kind::kTiny: x *= 1e-6f; break;
         case kind::kHuge: x *= 1e4f; x = std::fmax(-6.5e4f, std::fmin(6.5e4f, x)); break;
         case kind::kTies: x = float(int(4.0f * x)) * 0.25f; break;  // few distinct values
+        // Keys that fall steadily: each appended block lies below the previous block's
+        // ranges, which a young tail block borrows, so its own tokens must widen them.
+        case kind::kDrift: x -= 0.1f * float(t); break;
       }
       keys[t * d + i] = half(x);
     }
@@ -92,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(
     Kinds, IndexEncode,
     ::testing::Combine(::testing::Values(kind::kGaussian, kind::kOutlierChannels,
                                          kind::kConstantChannels, kind::kTiny, kind::kHuge,
-                                         kind::kTies),
+                                         kind::kTies, kind::kDrift),
                        ::testing::Values(std::size_t(8), std::size_t(64), std::size_t(100),
                                          std::size_t(128))));
 
