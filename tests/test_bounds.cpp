@@ -478,40 +478,50 @@ radius_store make_radius(const level_case& c) {
   return r;
 }
 
-// Sufficient statistics of a sample (indices of the sampled light keys).
+// Sufficient statistics of a sample (indices of the sampled light keys): raw sums for
+// the independent implementation below, and the deviations from the radius centre g that
+// certify_level() takes (level_sums).
 struct sample_stats {
-  std::vector<double> exact_num, light_sum;
-  double exact_weight = 0.0, exact_sq = 0.0, light_sq = 0.0;
+  std::vector<double> exact_num, light_sum;      // raw: sum w v, sum v
+  std::vector<double> exact_num_g, light_sum_g;  // sum w (v - g), sum (v - g)
+  double exact_weight = 0.0, exact_sq = 0.0, light_sq = 0.0, light_sq_g = 0.0;
   std::size_t k = 0;
   level_sums sums(double tau) const {
     level_sums s;
     s.tau = tau;
     s.exact_weight = exact_weight;
-    s.exact_num = exact_num;
+    s.exact_num = exact_num_g;
     s.exact_sq = exact_sq;
     s.light_count = k;
-    s.light_sum = light_sum;
-    s.light_sq = light_sq;
+    s.light_sum = light_sum_g;
+    s.light_sq = light_sq_g;
     return s;
   }
 };
 
-sample_stats make_stats(const level_case& c, const std::vector<std::size_t>& sampled) {
+sample_stats make_stats(const level_case& c, const std::vector<std::size_t>& sampled,
+                        const std::vector<float>& center) {
   sample_stats s;
   s.exact_num.assign(c.d, 0.0);
   s.light_sum.assign(c.d, 0.0);
+  s.exact_num_g.assign(c.d, 0.0);
+  s.light_sum_g.assign(c.d, 0.0);
   for (std::size_t j = 0; j < c.exact_w.size(); ++j) {
     s.exact_weight += c.exact_w[j];
     for (std::size_t i = 0; i < c.d; ++i) {
       s.exact_num[i] += c.exact_w[j] * c.exact_v[j][i];
+      s.exact_num_g[i] += c.exact_w[j] * (c.exact_v[j][i] - double(center[i]));
       s.exact_sq += c.exact_w[j] * c.exact_v[j][i] * c.exact_v[j][i];
     }
   }
   for (std::size_t j : sampled) {
     ++s.k;
     for (std::size_t i = 0; i < c.d; ++i) {
+      const double y = c.light_v[j][i] - double(center[i]);
       s.light_sum[i] += c.light_v[j][i];
       s.light_sq += c.light_v[j][i] * c.light_v[j][i];
+      s.light_sum_g[i] += y;
+      s.light_sq_g += y * y;
     }
   }
   return s;
@@ -540,7 +550,7 @@ struct my_level {
 my_level my_certify(const level_case& c, const std::vector<std::size_t>& sampled,
                     const radius_store& rs, double delta_e) {
   my_level r{};
-  const sample_stats s = make_stats(c, sampled);
+  const sample_stats s = make_stats(c, sampled, rs.center);
   const double tau = c.tau, k = double(s.k);
   const double L2 = std::log(2.0 / delta_e), L1 = std::log(1.0 / delta_e);
   r.d_hat = s.exact_weight + tau * k;
@@ -607,7 +617,7 @@ TEST(CertifyLevel, MatchesAnIndependentImplementationOfTheFormulas) {
         opt.max_levels = trial % 3 ? 32 : 5;
         opt.epsilon = 0.02 + 0.1 * (trial % 5);
         opt.scale = scale;
-        const sample_stats s = make_stats(c, sampled);
+        const sample_stats s = make_stats(c, sampled, rs.center);
         std::vector<double> o_hat(c.d), c0(c.d);
         const level_result lr = certify_level(s.sums(c.tau), rs.radius(), opt, o_hat, c0);
         const my_level m = my_certify(c, sampled, rs, opt.event_delta());
@@ -690,7 +700,7 @@ TEST(CertifyLevel, IntervalAndBetaCoverage) {
       sampled.clear();
       for (std::size_t i = 0; i < c.light_w.size(); ++i)
         if (g.uniform() < c.light_w[i] / c.tau) sampled.push_back(i);
-      const sample_stats s = make_stats(c, sampled);
+      const sample_stats s = make_stats(c, sampled, rs.center);
       const level_result lr = certify_level(s.sums(c.tau), rs.radius(), opt, o_hat, c0);
       count_miss += !(lr.d_lo <= t.D && t.D <= lr.d_hi);
       dd_miss += std::abs(lr.d_hat - t.D) > lr.dD;

@@ -337,6 +337,30 @@ TEST(Extremes, HugeAndTinyFp16Magnitudes) {
   expect_exact(bf, queries(2, 32, 1e-24, 37), 2, options{});
 }
 
+// Values that share an offset far larger than their spread: float rows at +-1e30, one in
+// 16 off by a unit or two in the last place (7.6e22) in a few channels. The certificate's sums are taken as
+// deviations from the index's value centre (level_sums); as raw sums, sum ||v||^2 and
+// ||c0||^2 cancel to noise, and the fuzzer found certificates that differed between the
+// fast path and the reference (their sums run in different orders) by a factor of 5e7.
+TEST(Extremes, ValuesWithAHugeCommonOffset) {
+  const std::size_t n = 700, d = 24;
+  const float offset = 1e30f;
+  const float ulp = std::nextafter(offset, 2e30f) - offset;
+  const head_cache<float> c(
+      n, d, [](std::size_t t, std::size_t i) { return gauss(41, t * 100 + i); },
+      [&](std::size_t t, std::size_t i) {
+        // One row in 16 is off by one or two units in the last place, in a few channels.
+        const double k = t % 16 == 3 && i % 5 == 1 ? std::round(gauss(42, t * 100 + i)) : 0.0;
+        return double(offset) * (i % 2 ? 1.0 : -1.0) + k * double(ulp);
+      });
+  for (double eps : {0.1, 1e-3}) {
+    options opt;
+    opt.epsilon = eps;
+    const test::group_run run = expect_exact(c, queries(2, d, 0.5, 43), 2, opt, n - 100);
+    for (const certificate& ct : run.certs) EXPECT_TRUE(ct.certified && !ct.exact);
+  }
+}
+
 // Value rows whose norm overflows float (|v| near 3.4e38): their distance bound is +inf,
 // so they join the exact set whatever the cache size. The fuzzer found that before, with
 // all 278 rows that large, the denominator scale certified with beta = +inf (R = +inf).

@@ -125,6 +125,7 @@ class attend_workspace {
     exact_num_.assign(head_dim, 0.0);
     light_sum_.assign(head_dim, 0.0);
     window_num_.assign(group * head_dim, 0.0);
+    center_.assign(head_dim, 0.0);
     o_hat_.assign(head_dim, 0.0);
     c0_.assign(head_dim, 0.0);
     dense_ws_ = dense_workspace(1, head_dim);
@@ -192,6 +193,7 @@ class attend_workspace {
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
   std::vector<double> window_num_;  // [group][head_dim]
+  std::vector<double> center_;      // [head_dim] the index's value centre g (level_sums)
   group_stats stats_;
   dense_workspace dense_ws_;  // the exact fallback's
   bool record_ = false;
@@ -227,6 +229,12 @@ struct detail_attend {
   template <class T>
   static double add_value(const T* v, std::size_t d, double w, double* acc) noexcept {
     return detail::accumulate_row(v, d, w, acc, active_isa());
+  }
+  /// acc += w (v - g) with g the value centre: the certificate's sums (level_sums).
+  template <class T>
+  static detail::row_norms add_centered(const T* v, double w, double* acc,
+                                        const attend_workspace& ws) noexcept {
+    return detail::accumulate_centered_row(v, ws.d_, w, ws.center_.data(), acc, active_isa());
   }
 
   // ---- stage: window ------------------------------------------------------------------
@@ -265,7 +273,7 @@ struct detail_attend {
       for (std::size_t g = 0; g < G; ++g) {
         const double w = std::exp(ws.fixed_scores_[g * ws.fixed_stride_ + i] - ws.head_c_[g]);
         ws.window_weight_[g] += w;
-        ws.window_sq_[g] += w * add_value(v, d, w, ws.window_num_.data() + g * d);
+        ws.window_sq_[g] += w * add_centered(v, w, ws.window_num_.data() + g * d, ws).sq;
       }
     }
   }
@@ -414,10 +422,10 @@ struct detail_attend {
     if (heavy_level <= level) {
       ++st.heavy;
       st.exact_weight += w;
-      st.exact_sq += w * add_value(kv.value(t), ws.d_, w, ws.exact_num_.data());
+      st.exact_sq += w * add_centered(kv.value(t), w, ws.exact_num_.data(), ws).sq;
     } else {
       ++st.light_count;
-      st.light_sq += add_value(kv.value(t), ws.d_, 1.0, ws.light_sum_.data());
+      st.light_sq += add_centered(kv.value(t), 1.0, ws.light_sum_.data(), ws).centered_sq;
       if (heavy_level <= opt.max_levels)
         push(ws, st, ws.transition_head_, std::size_t(heavy_level), std::uint32_t(t), s, kScored);
     }
@@ -567,14 +575,16 @@ struct detail_attend {
       const node& nd = ws.nodes_[std::size_t(k)];
       const double w = std::exp(nd.score - c);
       const auto* v = kv.value(nd.token);
-      // light_sum -= v (an fma with -1 is exact subtraction), exact_num += w v.
-      const double sq = detail::accumulate_row(v, ws.d_, -1.0, ws.light_sum_.data(), which);
-      detail::accumulate_row(v, ws.d_, w, ws.exact_num_.data(), which);
+      // light_sum -= v - g (an fma with -1 is exact subtraction), exact_num += w (v - g).
+      const detail::row_norms nv = detail::accumulate_centered_row(
+          v, ws.d_, -1.0, ws.center_.data(), ws.light_sum_.data(), which);
+      detail::accumulate_centered_row(v, ws.d_, w, ws.center_.data(), ws.exact_num_.data(),
+                                      which);
       --st.light_count;
-      st.light_sq -= sq;
+      st.light_sq -= nv.centered_sq;
       ++st.heavy;
       st.exact_weight += w;
-      st.exact_sq += w * sq;
+      st.exact_sq += w * nv.sq;
     }
   }
 
@@ -637,6 +647,7 @@ struct detail_attend {
     }
     detail::stage_clock clock;
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
+    for (std::size_t i = 0; i < d; ++i) ws.center_[i] = radius.center_at(i);
     const std::size_t W = n - pool_end;
     // The exact set (value outliers) inside the pool: read exactly, never sampled.
     std::span<const std::uint32_t> xs = idx.exact_tokens();
@@ -690,7 +701,8 @@ struct detail_attend {
       bool done = false;
       std::size_t m = 0;  // candidates bucketed
       if (pool_end == xs.size()) {  // no pool: window and exact set are everything
-        for (std::size_t i = 0; i < d; ++i) o[i] = float(window_num[i] / window_weight);
+        for (std::size_t i = 0; i < d; ++i)
+          o[i] = float(radius.center_at(i) + window_num[i] / window_weight);
         cert.certified = cert.exact = true;
         cert.max_score = c;
         cert.denominator = window_weight;

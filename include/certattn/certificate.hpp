@@ -95,15 +95,19 @@ inline double numerator_deviation(double tau, double radius, double g_plus,
 }
 
 /// The sufficient statistics of one level. W = window, H = heavy pool keys (exact
-/// weights), S∩A = light pool keys in the sample (weight tau).
+/// weights), S∩A = light pool keys in the sample (weight tau). The vector sums are
+/// deviations from the value centre g of the radius bound (value_radius::center; the
+/// origin when it is empty): sums of raw values lose every digit to cancellation when the
+/// values share an offset far larger than their spread (a fuzzer found values near 1e38
+/// that differed by 1e22, whose certificates then differed between two summation orders).
 struct level_sums {
   double tau = 1.0;
   double exact_weight = 0.0;            // D_W + D_H
-  std::span<const double> exact_num;    // N_W + N_H                      [head_dim]
+  std::span<const double> exact_num;    // sum_{W ∪ H} w_i (v_i - g)      [head_dim]
   double exact_sq = 0.0;                // sum_{W ∪ H} w_i ||v_i||^2
   std::size_t light_count = 0;          // k = |S ∩ A|
-  std::span<const double> light_sum;    // sum_{S∩A} v_i                  [head_dim]
-  double light_sq = 0.0;                // sum_{S∩A} ||v_i||^2
+  std::span<const double> light_sum;    // sum_{S∩A} (v_i - g)            [head_dim]
+  double light_sq = 0.0;                // sum_{S∩A} ||v_i - g||^2
 };
 
 /// R(c0) = base + ||center - c0|| >= max_{i in pool} ||v_i - c0|| by the triangle
@@ -117,8 +121,16 @@ struct value_radius {
       const double t = (center.empty() ? 0.0 : double(center[i])) - c0[i];
       s += t * t;
     }
+    return at_distance_squared(s);
+  }
+  /// R(c0) from ||c0 - center||^2 computed by the caller (certify_level() has c0 - g
+  /// directly, without the cancellation of subtracting two nearby large vectors).
+  double at_distance_squared(double dist2) const noexcept {
     // The relative inflation covers the rounding of this sum and of the square root.
-    return (base + std::sqrt(s)) * (1.0 + 1e-12);
+    return (base + std::sqrt(dist2)) * (1.0 + 1e-12);
+  }
+  double center_at(std::size_t i) const noexcept {
+    return center.empty() ? 0.0 : double(center[i]);
   }
 };
 
@@ -168,16 +180,21 @@ inline level_result certify_level(const level_sums& s, const value_radius& radiu
   // Called at every level of every head: multiplications by the reciprocals instead of
   // 2d divisions, and 4 interleaved partial sums instead of one long dependency chain
   // per sum (the order is fixed, so every path still gets the same bits).
+  // The sums are deviations from g (level_sums): dc = c0 - g and dv = o^ - g come
+  // without cancellation, and c0, o^ themselves only at the end.
   const double inv_w = 1.0 / s.exact_weight, inv_d = 1.0 / r.d_hat;
   double o_norm2_p[4] = {}, dev2_p[4] = {}, c0_dot_p[4] = {}, c0_norm2_p[4] = {};
   for (std::size_t i = 0; i < d; ++i) {
-    c0[i] = s.exact_num[i] * inv_w;
-    o_hat[i] = (s.exact_num[i] + tau * s.light_sum[i]) * inv_d;
+    const double dc = s.exact_num[i] * inv_w;
+    const double dv = (s.exact_num[i] + tau * s.light_sum[i]) * inv_d;
+    const double g = radius.center_at(i);
+    c0[i] = g + dc;
+    o_hat[i] = g + dv;
     o_norm2_p[i % 4] += o_hat[i] * o_hat[i];
-    const double t = o_hat[i] - c0[i];
+    const double t = dv - dc;
     dev2_p[i % 4] += t * t;
-    c0_dot_p[i % 4] += c0[i] * s.light_sum[i];
-    c0_norm2_p[i % 4] += c0[i] * c0[i];
+    c0_dot_p[i % 4] += dc * s.light_sum[i];
+    c0_norm2_p[i % 4] += dc * dc;
   }
   auto sum4 = [](const double* p) { return (p[0] + p[2]) + (p[1] + p[3]); };
   const double o_norm2 = sum4(o_norm2_p), dev2 = sum4(dev2_p), c0_dot_sum = sum4(c0_dot_p),
@@ -185,10 +202,11 @@ inline level_result certify_level(const level_sums& s, const value_radius& radiu
   r.o_hat_norm = std::sqrt(o_norm2);
   r.o_dev = std::sqrt(dev2);
 
-  // 3. Second moment: G^ = tau sum_{S∩A} ||v_i - c0||^2, expanded so that the fast path
-  //    can accumulate sum v and sum ||v||^2 before c0 is known.
+  // 3. Second moment: G^ = tau sum_{S∩A} ||v_i - c0||^2, expanded around g so that the
+  //    fast path can accumulate sum (v - g) and sum ||v - g||^2 before c0 is known:
+  //    ||v - c0||^2 = ||v - g||^2 - 2 (c0 - g).(v - g) + ||c0 - g||^2.
   r.g_hat = std::max(0.0, tau * (s.light_sq - 2.0 * c0_dot_sum + k * c0_norm2));
-  r.radius = radius.at(std::span<const double>(c0.data(), d));
+  r.radius = radius.at_distance_squared(c0_norm2);
   r.g_plus = second_moment_upper(r.g_hat, tau, r.radius, log1_term);
 
   // 4. Numerator deviation and 5. the output bound (Lemma 1).

@@ -98,6 +98,13 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   for (std::size_t t = 0; t < pool_end; ++t)
     if (!in_exact_set(t)) base = std::max(base, double(dist[t]));
   const value_radius radius{base, center};
+  // The certificate's vector sums are deviations from g (level_sums).
+  auto dev = [&](std::size_t t, std::size_t i) { return value(t, i) - double(center[i]); };
+  auto dev_sq = [&](std::size_t t) {
+    double a = 0.0;
+    for (std::size_t i = 0; i < d; ++i) a += dev(t, i) * dev(t, i);
+    return a;
+  };
 
   // Window and exact set: exact sums.
   double window_weight = 0.0, window_sq = 0.0;
@@ -108,7 +115,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     const double w = std::exp(s[t] - c);
     window_weight += w;
     window_sq += w * value_sq(t);
-    for (std::size_t i = 0; i < d; ++i) window_num[i] += w * value(t, i);
+    for (std::size_t i = 0; i < d; ++i) window_num[i] += w * dev(t, i);
   }
 
   // Levels at which each pool key is heavy and sampled.
@@ -141,11 +148,11 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
         ++heavy;
         sums.exact_weight += w;
         sums.exact_sq += w * value_sq(t);
-        for (std::size_t i = 0; i < d; ++i) exact_num[i] += w * value(t, i);
+        for (std::size_t i = 0; i < d; ++i) exact_num[i] += w * dev(t, i);
       } else if (res.sample_level[t] <= j) {  // light and sampled: weight tau
         ++sums.light_count;
-        sums.light_sq += value_sq(t);
-        for (std::size_t i = 0; i < d; ++i) light_sum[i] += value(t, i);
+        sums.light_sq += dev_sq(t);
+        for (std::size_t i = 0; i < d; ++i) light_sum[i] += dev(t, i);
       }
     }
     sums.exact_num = exact_num;

@@ -144,6 +144,72 @@ inline double accumulate_row(const T* v, std::size_t d, double w, double* acc, i
   return accumulate_row_scalar(v, d, w, acc);
 }
 
+/// The norms a centred accumulation returns: ||v||^2 and ||v - g||^2.
+struct row_norms {
+  double sq = 0.0;
+  double centered_sq = 0.0;
+};
+
+/// acc[i] += w (v[i] - g[i]) (fused) for one value row, returning ||v||^2 and
+/// ||v - g||^2, each in 8 fixed lanes (explicit fmas: the vector kernel below gives the
+/// same bits). The certificate's sums are deviations from the index's value centre g:
+/// sums of raw values cancel catastrophically when the values share a large offset.
+template <class T>
+inline row_norms accumulate_centered_row_scalar(const T* v, std::size_t d, double w,
+                                                const double* g, double* acc) noexcept {
+  double sq[8] = {}, sc[8] = {};
+  for (std::size_t i = 0; i < d; ++i) {
+    const double x = to_double(v[i]);
+    const double y = x - g[i];
+    acc[i] = std::fma(w, y, acc[i]);
+    sq[i % 8] = std::fma(x, x, sq[i % 8]);
+    sc[i % 8] = std::fma(y, y, sc[i % 8]);
+  }
+  return {reduce8(sq), reduce8(sc)};
+}
+
+#if CERTATTN_X86
+CERTATTN_ARCH_BEGIN
+template <class T>
+CERTATTN_TARGET_AVX512 inline row_norms accumulate_centered_row_avx512(const T* v, std::size_t d,
+                                                                      double w, const double* g,
+                                                                      double* acc) noexcept {
+  const __m512d wv = _mm512_set1_pd(w);
+  __m512d sq = _mm512_setzero_pd(), sc = _mm512_setzero_pd();
+  std::size_t o = 0;
+  for (; o + 8 <= d; o += 8) {
+    const __m512d x = load8_as_double(v + o);
+    const __m512d y = _mm512_sub_pd(x, _mm512_loadu_pd(g + o));
+    _mm512_storeu_pd(acc + o, _mm512_fmadd_pd(wv, y, _mm512_loadu_pd(acc + o)));
+    sq = _mm512_fmadd_pd(x, x, sq);
+    sc = _mm512_fmadd_pd(y, y, sc);
+  }
+  alignas(64) double lq[8], lc[8];
+  _mm512_store_pd(lq, sq);
+  _mm512_store_pd(lc, sc);
+  for (std::size_t l = 0; o + l < d; ++l) {
+    const double x = to_double(v[o + l]);
+    const double y = x - g[o + l];
+    acc[o + l] = std::fma(w, y, acc[o + l]);
+    lq[l] = std::fma(x, x, lq[l]);
+    lc[l] = std::fma(y, y, lc[l]);
+  }
+  return {reduce8(lq), reduce8(lc)};
+}
+CERTATTN_ARCH_END
+#endif
+
+template <class T>
+inline row_norms accumulate_centered_row(const T* v, std::size_t d, double w, const double* g,
+                                         double* acc, isa which) noexcept {
+#if CERTATTN_X86
+  if constexpr (storage_element<T>)
+    if (which == isa::kAvx512Vnni) return accumulate_centered_row_avx512(v, d, w, g, acc);
+#endif
+  (void)which;
+  return accumulate_centered_row_scalar(v, d, w, g, acc);
+}
+
 /// A row of 16-bit or float elements as floats (exact), with F16C where the CPU has it.
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
