@@ -98,8 +98,9 @@ inline double numerator_deviation(double tau, double radius, double g_plus,
 /// weights), S∩A = light pool keys in the sample (weight tau). The vector sums are
 /// deviations from the value centre g of the radius bound (value_radius::center; the
 /// origin when it is empty): sums of raw values lose every digit to cancellation when the
-/// values share an offset far larger than their spread (a fuzzer found values near 1e38
-/// that differed by 1e22, whose certificates then differed between two summation orders).
+/// values share an offset far larger than their spread (a fuzzer found bf16 values near
+/// -1e38, equal in most channels, whose certificates then differed between two summation
+/// orders).
 struct level_sums {
   double tau = 1.0;
   double exact_weight = 0.0;            // D_W + D_H
