@@ -570,16 +570,13 @@ struct detail_attend {
     const std::size_t bytes = ws.d_ * sizeof(typename KV::element_type);
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
       prefetch_rows(kv.value(ws.nodes_[std::size_t(k)].token), bytes);
-    const isa which = active_isa();
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next) {
       const node& nd = ws.nodes_[std::size_t(k)];
       const double w = std::exp(nd.score - c);
       const auto* v = kv.value(nd.token);
       // light_sum -= v - g (an fma with -1 is exact subtraction), exact_num += w (v - g).
-      const detail::row_norms nv = detail::accumulate_centered_row(
-          v, ws.d_, -1.0, ws.center_.data(), ws.light_sum_.data(), which);
-      detail::accumulate_centered_row(v, ws.d_, w, ws.center_.data(), ws.exact_num_.data(),
-                                      which);
+      const detail::row_norms nv = add_centered(v, -1.0, ws.light_sum_.data(), ws);
+      add_centered(v, w, ws.exact_num_.data(), ws);
       --st.light_count;
       st.light_sq -= nv.centered_sq;
       ++st.heavy;

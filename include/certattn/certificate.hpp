@@ -116,14 +116,6 @@ struct level_sums {
 struct value_radius {
   double base = 0.0;
   std::span<const float> center;        // [head_dim]; empty means the origin
-  double at(std::span<const double> c0) const noexcept {
-    double s = 0.0;
-    for (std::size_t i = 0; i < c0.size(); ++i) {
-      const double t = (center.empty() ? 0.0 : double(center[i])) - c0[i];
-      s += t * t;
-    }
-    return at_distance_squared(s);
-  }
   /// R(c0) from ||c0 - center||^2 computed by the caller (certify_level() has c0 - g
   /// directly, without the cancellation of subtracting two nearby large vectors).
   double at_distance_squared(double dist2) const noexcept {
