@@ -198,6 +198,23 @@ grid resolve(const grid_flags& f) {
   return g;
 }
 
+void add_certificate_flag(CLI::App& cmd, std::vector<std::string>& names) {
+  cmd.add_option("--certificate", names,
+                 "certificates, comma-separated: tight (value-aware, level hints), classic (the paper's)")
+      ->delimiter(',')
+      ->capture_default_str();
+}
+
+std::vector<certificate_kind> certificates_from(const std::vector<std::string>& names) {
+  std::vector<certificate_kind> kinds;
+  for (const std::string& s : names) {
+    const certificate_kind k = certificate_kind_from_string(s);
+    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
+  }
+  if (kinds.empty()) throw error("--certificate: give at least one of tight, classic");
+  return kinds;
+}
+
 pools::pools(const std::vector<std::size_t>& counts) {
   for (std::size_t t : counts)
     if (!pools_.count(t)) pools_.emplace(t, std::make_unique<thread_pool>(t));

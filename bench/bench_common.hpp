@@ -128,6 +128,13 @@ struct grid {
 };
 grid resolve(const grid_flags& f);
 
+/// Registers --certificate on a subcommand: the certificates to run, a comma list of tight and
+/// classic (default tight), each its own rows, so that the paper's certificate can be set
+/// beside the default one on the same data.
+void add_certificate_flag(CLI::App& cmd, std::vector<std::string>& names);
+/// The names parsed in the order given, duplicates dropped. Throws certattn::error.
+std::vector<certificate_kind> certificates_from(const std::vector<std::string>& names);
+
 /// One pool per thread count, made once and shared by every method timed with it.
 class pools {
  public:

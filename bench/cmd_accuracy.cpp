@@ -2,14 +2,20 @@
 // equal keys read and at equal bytes read (the paper's Table 1, D.2a and D.2e, Figures 2
 // and 3), on synthetic settings (regime x context) or on a user's .npy cache.
 //
-// Per setting: the certified call runs first (attend_group, epsilon grid, value scale);
-// its mean keys and bytes read fix the budget grid of the budgeted baselines. Then, per
+// Per setting: the certified call runs first (attend_group, epsilon grid, value scale,
+// once per certificate of --certificate, each KV head's steps in order so that every step
+// passes the previous step's stopping levels as level hints); the first certificate's mean
+// keys and bytes read fix the budget grid of the budgeted baselines. Then, per
 // KV head, every baseline prepares (page bounds, hash codes, clusters) and every call
 // (step x query head) is evaluated against exact attention in double: error / M (value
 // scale) and error / ||o|| (output norm). Each family's configurations are summarised by
 // mean keys and bytes read and the 90th percentile and maximum of the errors; the
 // configuration matched to ours is the one of lowest p90 among those reading at most
 // --match (1.1) times our keys (or bytes). docs/accuracy.md describes every baseline.
+//
+// The cost of the guarantee: at --eps, the certified calls' keys read against those of an
+// uncertified central-limit stopping rule on the tight certificate's own sample (same
+// perturbations, same estimator), whose errors may exceed eps * M.
 #include "baselines/fixed_level.hpp"
 #include "baselines/kivi.hpp"
 #include "baselines/magicpig.hpp"
@@ -24,6 +30,7 @@
 #include "eval_common.hpp"
 #include "report.hpp"
 
+#include <certattn/reference.hpp>
 #include <certattn/scan.hpp>
 
 #include <unistd.h>
@@ -35,6 +42,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <numbers>
 #include <numeric>
 #include <set>
 #include <span>
@@ -58,13 +66,18 @@ struct accuracy_flags {
   double match = 1.1;
   std::size_t threads = 0;
   std::vector<std::string> methods;
+  std::vector<std::string> certificates{"tight", "classic"};
+  std::vector<certificate_kind> kinds;  // parsed from certificates; the first is matched
   std::string kv, queries;
   std::string json, csv, plot;
   std::uint64_t seed = 1;
   bool quiet = false;
 };
 
-enum class role { kOurs, kAblation, kBaseline };
+// kReference: the uncertified central-limit rule, shown beside ours but never matched.
+enum class role { kOurs, kAblation, kBaseline, kReference };
+
+constexpr std::size_t kNoRow = std::size_t(-1);
 
 /// The per-call record of one configuration.
 struct config_stats {
@@ -91,11 +104,25 @@ struct summary {
   std::vector<double> errors;  // sorted err / M (for the tail plot)
 };
 
+/// What the certificates of one kind at --eps reported, for the self-checks under the cost
+/// table: a certified bound above epsilon would break the guarantee's statement.
+struct certificate_check {
+  certificate_kind kind = certificate_kind::kTight;
+  std::size_t certified = 0, bound_above_eps = 0;
+  double max_bound = 0;
+};
+
 struct setting_result {
   std::string name;
   std::size_t n = 0, d = 0, calls = 0;
   std::vector<summary> rows;
-  std::size_t ours = 0;  // index of ours at --eps in rows
+  std::size_t ours = 0;  // index of ours (the first certificate) at --eps in rows
+  std::size_t tight = kNoRow, classic = kNoRow, clt = kNoRow;  // rows at --eps
+  std::vector<certificate_check> checks;  // per certificate kind at --eps
+  // Calls on which reference_attend() (tight, same hint) stopped at the fast path's
+  // level with the same heavy and sampled counts, of those compared.
+  std::size_t reference_agree = 0, reference_compared = 0;
+  std::size_t clt_exact = 0;  // calls on which the CLT rule stopped at no level (read all n)
 };
 
 // ---- the method registry -----------------------------------------------------------------------
@@ -103,6 +130,7 @@ struct setting_result {
 const std::vector<std::string> kMethodNames = {"topk", "topp", "streaming", "quest", "vattention",
                                                "ssa", "magicpig", "retroinfer", "kivi", "fixed"};
 
+/// "none" in --methods selects no baseline: the certified rows and the CLT rule only.
 bool wanted(const accuracy_flags& f, const std::string& name) {
   return f.methods.empty() || std::find(f.methods.begin(), f.methods.end(), name) != f.methods.end();
 }
@@ -136,21 +164,221 @@ bl::budgets make_budgets(double ours_keys, double ours_bytes_keys, std::size_t g
   return b;
 }
 
-// ---- one setting ---------------------------------------------------------------------------------
+// ---- the certified calls ---------------------------------------------------------------------------
 
-/// Per-worker buffers of the per-call loop.
-struct worker {
-  exact_call ex;
-  bl::scratch ws;
-  std::vector<std::uint64_t> sorted, sorted2;
-  std::vector<std::uint32_t> order;
-  std::vector<double> out;  // [configs][d] of one method
-  std::vector<bl::config_result> res;
-  // 4-bit scan of the group (SSA's proxy)
-  std::vector<float> qpad, u, block_max;
-  std::vector<std::int8_t> qa;
-  std::vector<detail::block_query_prep> prep;
+/// The certified call of every (certificate, epsilon) slot on every call: out [slots][calls][d],
+/// certs [slots][calls], slot = kind * eps.size() + eps index. Each KV head's steps run in
+/// order, so that step s passes the levels its group stopped at in step s - 1 as level hints
+/// (fixed before step s's perturbations, hence valid); the KV heads run in parallel.
+void run_certified(const eval_data& e, const std::vector<key_index>& idx, const options& base,
+                   const std::vector<certificate_kind>& kinds, const std::vector<double>& eps_list, thread_pool& pool,
+                   std::vector<float>& out, std::vector<certificate>& certs) {
+  const std::size_t H = e.heads, G = e.group, S = e.steps, d = e.d, calls = e.calls();
+  const std::size_t slots = kinds.size() * eps_list.size();
+  out.assign(slots * calls * d, 0.0f);
+  certs.assign(slots * calls, {});
+  std::vector<attend_workspace> aws;
+  for (std::size_t w = 0; w < pool.size(); ++w) aws.emplace_back(G, d, e.n);
+  pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+    std::vector<int> hints(G);
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      options opt = base;
+      opt.certificate = kinds[slot / eps_list.size()];
+      opt.epsilon = eps_list[slot % eps_list.size()];
+      for (std::size_t s = 0; s < S; ++s) {
+        const std::size_t c0 = slot * calls + (s * H + h) * G;
+        std::span<const int> level_hints;
+        if (s > 0) {
+          const std::size_t prev = slot * calls + ((s - 1) * H + h) * G;
+          for (std::size_t g = 0; g < G; ++g) hints[g] = certs[prev + g].level;
+          level_hints = hints;
+        }
+        attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, e.view(h), idx[h],
+                     noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
+                     std::span<float>(out.data() + c0 * d, G * d), std::span<certificate>(certs.data() + c0, G),
+                     aws[w], level_hints);
+      }
+    }
+  });
+}
+
+/// Per certificate kind, its certified bounds at epsilon (slot kind * E + e_match); exact
+/// fallbacks state no bound.
+std::vector<certificate_check> check_certificates(const std::vector<certificate_kind>& kinds, std::size_t E,
+                                                  std::size_t e_match, double eps,
+                                                  const std::vector<certificate>& certs, std::size_t calls) {
+  std::vector<certificate_check> checks;
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    certificate_check c;
+    c.kind = kinds[k];
+    for (std::size_t ci = 0; ci < calls; ++ci) {
+      const certificate& cert = certs[(k * E + e_match) * calls + ci];
+      if (!cert.certified || cert.exact) continue;
+      ++c.certified;
+      c.max_bound = std::max(c.max_bound, cert.bound);
+      c.bound_above_eps += !(cert.bound <= eps);
+    }
+    checks.push_back(c);
+  }
+  return checks;
+}
+
+// ---- the uncertified central-limit rule ----------------------------------------------------------
+
+/// The z with P(Z > z) = p for a standard normal Z, by bisection on erfc (monotone):
+/// computed once per setting, so plain bisection to double precision is enough.
+double normal_upper_quantile(double p) {
+  double lo = -40.0, hi = 40.0;
+  for (int it = 0; it < 200; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (0.5 * std::erfc(mid / std::numbers::sqrt2) > p)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+/// The rule's sample-size floor: below it the normal approximation of the HT sum is not
+/// trusted (unless the sample holds every light key).
+constexpr std::size_t kCltMinSample = 30;
+
+/// Buffers of one call of the rule.
+struct clt_scratch {
+  std::vector<std::size_t> heavy_start, light_start;   // [levels + 1] bucket offsets
+  std::vector<std::uint32_t> heavy_at, light_at;       // pool tokens by the level they enter
+  std::vector<std::uint32_t> light;                    // L at the current level
+  std::vector<double> num_e, num, o_hat;               // [d]
 };
+
+/// Pool tokens t with keep(t), bucketed by level(t) in 0..J (a counting sort):
+/// tokens of level j are at[start[j] .. start[j + 1]).
+template <class Level, class Keep>
+void bucket_by_level(std::size_t pool_end, int J, Level level, Keep keep, std::vector<std::size_t>& start,
+                     std::vector<std::uint32_t>& at) {
+  start.assign(std::size_t(J) + 2, 0);
+  for (std::size_t t = 0; t < pool_end; ++t)
+    if (keep(t)) ++start[std::size_t(level(t)) + 1];
+  for (std::size_t j = 0; j + 1 < start.size(); ++j) start[j + 1] += start[j];
+  at.resize(start.back());
+  std::vector<std::size_t> next(start.begin(), start.end() - 1);
+  for (std::size_t t = 0; t < pool_end; ++t)
+    if (keep(t)) at[next[std::size_t(level(t))]++] = std::uint32_t(t);
+}
+
+struct clt_outcome {
+  std::size_t keys = 0;  // keys read at the stop (n when no level stops)
+  double err = 0;        // ||o^ - o|| (0 when no level stops: exact attention)
+  bool exact = true;     // no level stopped
+};
+
+/// The uncertified central-limit rule on the tight certificate's sample (ref: reference_attend
+/// with the tight options): at the levels j = 0..total_levels() of the certificate's grid
+/// (tau_j = 2^(grid_top - j/r) relative to the largest weight, options.hpp), E = window +
+/// exact set + heavy_j (exact weights w_t = exp(s_t - c)), L = light keys sampled at j (HT
+/// weight tau_j kappa_t, inclusion probability pi_t = w_t / (kappa_t tau_j) < 1);
+/// o^ = N^ / D^, M^2 = the weighted mean of ||v||^2, and the
+/// HT variance estimate of the linearised ratio V^ = sum_L (1 - pi)(tau kappa)^2 ||v - o^||^2 /
+/// D^^2. It stops at the first level with |L| >= 30 (or L = every light key, or the finest
+/// level) and z sqrt(V^) <= eps M^: a confidence interval that holds only asymptotically, with no
+/// bound on the sampling variance of V^ itself. When the light keys hold almost no mass
+/// (peaked attention) L stays below 30 down to the finest level, where the rule stops
+/// whatever |L| is.
+clt_outcome clt_rule(const reference_result& ref, const exact_call& ex, const half* values, std::size_t n,
+                     std::size_t d, const key_index& idx, const options& opt, double z, clt_scratch& sc) {
+  const std::size_t pool_end = n - std::min(opt.window, n);
+  // sample_level and heavy_level count levels on the certificate's grid (shifted_grid()).
+  const int J = opt.total_levels(), top = opt.top_halvings();
+  if (ref.max_score != ex.c)
+    throw error("internal: reference_attend's max score differs from the bench's exact attention");
+  const sampling_design design =
+      make_sampling_design(opt, idx.reach_floor(), idx.value_distance_max(pool_end), idx.value_center());
+  const std::vector<int>& sl = ref.sample_level;
+  const std::vector<int>& hl = ref.heavy_level;
+  auto value = [&](std::size_t t, std::size_t i) { return double(float(values[t * d + i])); };
+
+  // E at the start: the window and the exact set (level -1; empty under the tight certificate).
+  sc.num_e.assign(d, 0.0);
+  double d_e = 0, sq_e = 0;
+  std::size_t exact_set = 0, pool_light = 0;
+  auto add_exact = [&](std::size_t t) {
+    const double w = ex.w[t];
+    double sq = 0;
+    for (std::size_t i = 0; i < d; ++i) {
+      const double v = value(t, i);
+      sc.num_e[i] += w * v;
+      sq += v * v;
+    }
+    d_e += w;
+    sq_e += w * sq;
+  };
+  for (std::size_t t = 0; t < n; ++t) {
+    if (t < pool_end && hl[t] >= 0) {
+      ++pool_light;  // light at some level before it turns heavy
+      continue;
+    }
+    exact_set += t < pool_end;
+    add_exact(t);
+  }
+  bucket_by_level(
+      pool_end, J, [&](std::size_t t) { return hl[t]; }, [&](std::size_t t) { return hl[t] >= 0 && hl[t] <= J; },
+      sc.heavy_start, sc.heavy_at);
+  bucket_by_level(
+      pool_end, J, [&](std::size_t t) { return sl[t]; },
+      [&](std::size_t t) { return sl[t] >= 0 && sl[t] <= J && sl[t] < hl[t]; }, sc.light_start, sc.light_at);
+
+  sc.light.clear();
+  sc.num.resize(d);
+  sc.o_hat.resize(d);
+  std::size_t heavy = 0;
+  for (int j = 0; j <= J && pool_end > exact_set; ++j) {
+    const std::size_t ju = std::size_t(j);
+    for (std::size_t k = sc.heavy_start[ju]; k < sc.heavy_start[ju + 1]; ++k) add_exact(sc.heavy_at[k]);
+    heavy += sc.heavy_start[ju + 1] - sc.heavy_start[ju];
+    std::erase_if(sc.light, [&](std::uint32_t t) { return hl[t] <= j; });
+    sc.light.insert(sc.light.end(), sc.light_at.begin() + std::ptrdiff_t(sc.light_start[ju]),
+                    sc.light_at.begin() + std::ptrdiff_t(sc.light_start[ju + 1]));
+
+    const double tau = std::ldexp(tau_of(j, opt.grid_ratio), top);
+    sc.num = sc.num_e;
+    double d_hat = d_e, sq_hat = sq_e;
+    for (std::uint32_t t : sc.light) {
+      const double a = tau * design.weight(idx.value_distance(t));
+      double sq = 0;
+      for (std::size_t i = 0; i < d; ++i) {
+        const double v = value(t, i);
+        sc.num[i] += a * v;
+        sq += v * v;
+      }
+      d_hat += a;
+      sq_hat += a * sq;
+    }
+    for (std::size_t i = 0; i < d; ++i) sc.o_hat[i] = sc.num[i] / d_hat;
+    const double m_hat = std::sqrt(sq_hat / d_hat);
+    // The finest level stops regardless: peaked heads keep fewer than 30 light keys there,
+    // and the certificate stops there too, at worst.
+    const bool enough =
+        sc.light.size() >= kCltMinSample || sc.light.size() == pool_light - heavy || j == J;
+    if (!enough) continue;
+    double var = 0;
+    for (std::uint32_t t : sc.light) {
+      const double a = tau * design.weight(idx.value_distance(t));
+      const double pi = std::min(1.0, ex.w[t] / a);
+      double dist2 = 0;
+      for (std::size_t i = 0; i < d; ++i) {
+        const double x = value(t, i) - sc.o_hat[i];
+        dist2 += x * x;
+      }
+      var += (1.0 - pi) * a * a * dist2;
+    }
+    var /= d_hat * d_hat;
+    if (z * std::sqrt(var) <= opt.epsilon * m_hat)
+      return {(n - pool_end) + exact_set + heavy + sc.light.size(), distance(sc.o_hat.data(), ex.o), false};
+  }
+  return {n, 0.0, true};  // no level stopped: exact attention
+}
+
+// ---- one setting ---------------------------------------------------------------------------------
 
 /// Tokens by decreasing score (scores rounded to float for the order; ties by token), by an
 /// LSD radix sort on the float's bits: the order costs a few passes instead of n log n.
@@ -178,6 +406,21 @@ void sort_by_score(std::span<const double> s, std::vector<std::uint64_t>& a, std
   for (std::size_t t = 0; t < n; ++t) order[t] = std::uint32_t(a[t] & 0xFFFFFFFFu);
 }
 
+/// Per-worker buffers of the per-call loop.
+struct worker {
+  exact_call ex;
+  bl::scratch ws;
+  std::vector<std::uint64_t> sorted, sorted2;
+  std::vector<std::uint32_t> order;
+  std::vector<double> out;  // [configs][d] of one method
+  std::vector<bl::config_result> res;
+  // 4-bit scan of the group (SSA's proxy)
+  std::vector<float> qpad, u, block_max;
+  std::vector<std::int8_t> qa;
+  std::vector<detail::block_query_prep> prep;
+  clt_scratch clt;
+};
+
 setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool& pool, progress& prog) {
   const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group, S = e.steps, calls = e.calls();
   options base;
@@ -192,30 +435,24 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
   std::vector<key_index> idx(H, key_index(d));
   pool.parallel_for(H, [&](std::size_t h, std::size_t) { idx[h].build(e.view(h)); });
 
-  // 1. The certified call at every epsilon of the front.
+  // 1. The certified call of every certificate at every epsilon of the front.
   std::vector<double> eps_list = f.eps_front;
   if (std::find(eps_list.begin(), eps_list.end(), f.eps) == eps_list.end()) eps_list.push_back(f.eps);
   std::sort(eps_list.begin(), eps_list.end());
-  const std::size_t E = eps_list.size();
-  std::vector<float> ours_out(E * calls * d);
-  std::vector<certificate> ours_cert(E * calls);
-  {
-    std::vector<attend_workspace> aws;
-    for (std::size_t w = 0; w < pool.size(); ++w) aws.emplace_back(G, d, n);
-    pool.parallel_for(S * H, [&](std::size_t item, std::size_t w) {
-      const std::size_t s = item / H, h = item % H;
-      for (std::size_t ei = 0; ei < E; ++ei) {
-        options opt = base;
-        opt.epsilon = eps_list[ei];
-        const std::size_t c0 = call_index(s, h, 0);
-        attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, e.view(h), idx[h],
-                     noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
-                     std::span<float>(ours_out.data() + (ei * calls + c0) * d, G * d),
-                     std::span<certificate>(ours_cert.data() + ei * calls + c0, G), aws[w]);
-      }
-    });
-  }
+  const std::size_t E = eps_list.size(), slots = f.kinds.size() * E;
+  prog.set_stage(e.name + ": certified calls");
+  std::vector<float> ours_out;
+  std::vector<certificate> ours_cert;
+  run_certified(e, idx, base, f.kinds, eps_list, pool, ours_out, ours_cert);
   const std::size_t e_match = std::size_t(std::find(eps_list.begin(), eps_list.end(), f.eps) - eps_list.begin());
+  // The tight certificate's slot at --eps: the CLT rule's level hints and its cross-check.
+  const auto tight_at = std::find(f.kinds.begin(), f.kinds.end(), certificate_kind::kTight);
+  const std::size_t tight_slot =
+      tight_at == f.kinds.end() ? kNoRow : std::size_t(tight_at - f.kinds.begin()) * E + e_match;
+  options clt_opt = base;
+  clt_opt.certificate = certificate_kind::kTight;
+  clt_opt.epsilon = f.eps;
+  const double z = normal_upper_quantile(f.delta / 2.0);
   double k0 = 0, b0 = 0;
   for (std::size_t ci = 0; ci < calls; ++ci) {
     k0 += double(ours_cert[e_match * calls + ci].keys_read);
@@ -229,11 +466,20 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
   std::vector<std::unique_ptr<bl::method>> methods = make_methods(f, base);
   std::vector<config_stats> stats;
   std::vector<std::size_t> first_config;  // per method, its first index in stats
-  for (std::size_t ei = 0; ei < E; ++ei) {
+  for (certificate_kind kind : f.kinds)
+    for (std::size_t ei = 0; ei < E; ++ei) {
+      config_stats c;
+      c.family = "ours (" + std::string(to_string(kind)) + ")";
+      c.config = strf("eps=%g", eps_list[ei]);
+      c.kind = role::kOurs;
+      stats.push_back(std::move(c));
+    }
+  const std::size_t clt_row = stats.size();
+  {
     config_stats c;
-    c.family = "ours (certified)";
-    c.config = strf("eps=%g", eps_list[ei]);
-    c.kind = role::kOurs;
+    c.family = "clt rule (uncertified)";
+    c.config = strf("eps=%g", f.eps);
+    c.kind = role::kReference;
     stats.push_back(std::move(c));
   }
   for (auto& m : methods) {
@@ -271,6 +517,7 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
     w.prep.assign(G, {});
   }
   std::vector<double> exact_o(calls * d), exact_m(calls), exact_norm(calls);
+  std::vector<std::uint8_t> reference_agrees(calls, 0), clt_exact(calls, 0);
   for (std::size_t h = 0; h < H; ++h) {
     prog.set_stage(e.name + strf(": head %zu/%zu, preparing", h + 1, H));
     std::vector<double> key_norm(n);
@@ -333,10 +580,28 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
           c.keys[ci] = float(keys);
           c.bytes[ci] = float(bytes);
         };
-        for (std::size_t ei = 0; ei < E; ++ei) {
-          const certificate& cert = ours_cert[ei * calls + ci];
-          record(stats[ei], distance(ours_out.data() + (ei * calls + ci) * d, w.ex.o), double(cert.keys_read),
+        for (std::size_t slot = 0; slot < slots; ++slot) {
+          const certificate& cert = ours_cert[slot * calls + ci];
+          record(stats[slot], distance(ours_out.data() + (slot * calls + ci) * d, w.ex.o), double(cert.keys_read),
                  double(cert.bytes_read));
+        }
+        {
+          // The CLT rule on the tight certificate's sample, with the hint the certified call
+          // had (it changes only the reference's own certificate, compared below).
+          const int hint =
+              tight_slot != kNoRow && s > 0 ? ours_cert[tight_slot * calls + call_index(s - 1, h, g)].level : -1;
+          const reference_result ref = reference_attend(
+              std::span<const float>(q, d), e.key_matrix(h), e.value_matrix(h), clt_opt,
+              noise_key{std::uint64_t(s), 0, std::uint32_t(h)},
+              reference_extras{idx[h].value_center(), idx[h].value_cap(), idx[h].reach_floor(), hint});
+          const clt_outcome co = clt_rule(ref, w.ex, e.value_rows(h), n, d, idx[h], clt_opt, z, w.clt);
+          record(stats[clt_row], co.err, double(co.keys), double(co.keys * 2 * d * sizeof(half)));
+          clt_exact[ci] = co.exact;
+          if (tight_slot != kNoRow) {
+            const certificate& cert = ours_cert[tight_slot * calls + ci];
+            reference_agrees[ci] = ref.cert.level == cert.level && ref.cert.heavy == cert.heavy &&
+                                   ref.cert.sampled == cert.sampled;
+          }
         }
         sort_by_score(w.ex.s, w.sorted, w.sorted2, w.order);
         double qn = 0;
@@ -427,6 +692,15 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
     out.rows.push_back(std::move(r));
   }
   out.ours = e_match;
+  out.clt = clt_row;
+  for (std::size_t k = 0; k < f.kinds.size(); ++k)
+    (f.kinds[k] == certificate_kind::kTight ? out.tight : out.classic) = k * E + e_match;
+  out.checks = check_certificates(f.kinds, E, e_match, f.eps, ours_cert, calls);
+  out.clt_exact = std::size_t(std::count(clt_exact.begin(), clt_exact.end(), 1));
+  if (tight_slot != kNoRow) {
+    out.reference_compared = calls;
+    out.reference_agree = std::size_t(std::count(reference_agrees.begin(), reference_agrees.end(), 1));
+  }
   // Pareto fronts per family on (keys, p90, max) and (bytes, p90, max).
   std::map<std::string, std::vector<std::size_t>> by_family;
   for (std::size_t i = 0; i < out.rows.size(); ++i) by_family[out.rows[i].family].push_back(i);
@@ -456,7 +730,7 @@ std::vector<const summary*> matched(const setting_result& r, bool by_bytes, doub
   const summary& ours = r.rows[r.ours];
   std::map<std::string, const summary*> best;
   for (const summary& s : r.rows) {
-    if (s.kind == role::kOurs) continue;
+    if (s.kind == role::kOurs || s.kind == role::kReference) continue;
     if (!by_bytes && !s.key_matched) continue;
     const bool fits = by_bytes ? s.bytes_frac <= match * ours.bytes_frac : s.keys_frac <= match * ours.keys_frac;
     if (!fits) continue;
@@ -545,16 +819,21 @@ void plots(const accuracy_flags& f, const std::vector<setting_result>& results) 
     int style_index = 0;
     for (auto& [name, v] : fam) {
       std::sort(v.begin(), v.end(), [](const summary* a, const summary* b) { return a->keys_frac < b->keys_frac; });
-      const bool ours = v.front()->kind == role::kOurs, abl = v.front()->kind == role::kAblation;
-      const std::string style = ours ? "linespoints lw 3 pt 7 ps 1.5 lc rgb 'black'"
-                                     : abl ? "lines dt 2 lw 2 lc rgb 'gray30'"
-                                           : strf("linespoints lw 1.5 lc %d pt %d", style_index + 1, style_index % 12 + 1);
-      if (!ours && !abl) ++style_index;
+      const role kind = v.front()->kind;
+      const bool ours = kind == role::kOurs, abl = kind == role::kAblation, ref = kind == role::kReference;
+      // The matched certificate solid, the other dashed; the CLT rule a lone marker.
+      const bool matched_ours = name == r.rows[r.ours].family;
+      const std::string style = ours ? (matched_ours ? "linespoints lw 3 pt 7 ps 1.5 lc rgb 'black'"
+                                                     : "linespoints lw 2 dt 2 pt 6 ps 1.5 lc rgb 'black'")
+                                : abl ? "lines dt 2 lw 2 lc rgb 'gray30'"
+                                : ref ? "points pt 9 ps 2 lc rgb 'red'"
+                                      : strf("linespoints lw 1.5 lc %d pt %d", style_index + 1, style_index % 12 + 1);
+      if (!ours && !abl && !ref) ++style_index;
       // The 2-D front (keys, p90): each point lowers the p90 of every cheaper point.
       std::string pts;
       double best = INFINITY;
       for (const summary* s : v)
-        if (s->p90 > 0 && (ours || abl || s->p90 < best)) {
+        if (s->p90 > 0 && (ours || abl || ref || s->p90 < best)) {
           pts += strf("%.9g %.9g\n", s->keys_frac, s->p90);
           best = std::min(best, s->p90);
         }
@@ -568,12 +847,15 @@ void plots(const accuracy_flags& f, const std::vector<setting_result>& results) 
                 "set logscale xy\nset format x '%g'\nset format y '%g'\nset grid\nset key outside right noenhanced\n" +
                 cmd + "\n" + data + "unset output\n";
     }
-    // Figure 3: error tail at matched keys, ours and the three best families.
+    // Figure 3: error tail at matched keys, ours and the three best families; the CLT rule
+    // beside ours, since its tail past eps is what the certificate buys.
     const std::string tail = (std::filesystem::path(f.plot) / ("tail_" + safe_name(r.name) + ".png")).string();
     files.push_back(tail);
     std::vector<const summary*> show{&r.rows[r.ours]};
+    if (r.clt != kNoRow) show.push_back(&r.rows[r.clt]);
+    const std::size_t tail_rows = show.size() + 3;
     const auto m = matched(r, false, f.match);
-    for (std::size_t i = 0; i < m.size() && show.size() < 4; ++i)
+    for (std::size_t i = 0; i < m.size() && show.size() < tail_rows; ++i)
       if (m[i]->kind == role::kBaseline) show.push_back(m[i]);
     cmd.clear();
     data.clear();
@@ -606,11 +888,120 @@ void plots(const accuracy_flags& f, const std::vector<setting_result>& results) 
   write_gnuplot(script, files);
 }
 
+// ---- the cost of the guarantee -----------------------------------------------------------------
+
+/// One setting's row of the cost table: keys read per query head and error / (eps M) of the
+/// certified calls and the CLT rule at --eps (NaN for a certificate not run).
+struct cost_row {
+  struct side {
+    double keys = NAN, p90 = NAN, max = NAN, above = NAN;  // above: fraction of calls over eps M
+  };
+  std::string setting;
+  side tight, classic, clt;
+  double clt_exact = NAN;  // fraction of calls the CLT rule read in full
+};
+
+cost_row::side cost_side(const setting_result& r, std::size_t row, double eps) {
+  cost_row::side c;
+  if (row == kNoRow) return c;
+  const summary& s = r.rows[row];
+  c.keys = s.keys_frac * double(r.n);
+  c.p90 = s.p90 / eps;
+  c.max = s.max / eps;
+  const auto over = std::upper_bound(s.errors.begin(), s.errors.end(), eps);  // errors are sorted
+  c.above = double(s.errors.end() - over) / double(std::max<std::size_t>(s.errors.size(), 1));
+  return c;
+}
+
+std::vector<cost_row> cost_rows(const accuracy_flags& f, const std::vector<setting_result>& results) {
+  std::vector<cost_row> rows;
+  for (const setting_result& r : results)
+    rows.push_back({r.name, cost_side(r, r.tight, f.eps), cost_side(r, r.classic, f.eps), cost_side(r, r.clt, f.eps),
+                    double(r.clt_exact) / double(std::max<std::size_t>(r.calls, 1))});
+  return rows;
+}
+
+record cost_record(const accuracy_flags& f, const cost_row& c, const setting_result& r) {
+  record rec{{"setting", c.setting}, {"eps", f.eps}, {"delta", f.delta}, {"calls", std::uint64_t(r.calls)}};
+  auto side = [&](const std::string& name, const cost_row::side& s) {
+    rec.push_back({name + "_keys", s.keys});
+    rec.push_back({name + "_p90_err_eps", s.p90});
+    rec.push_back({name + "_max_err_eps", s.max});
+    rec.push_back({name + "_frac_above_eps", s.above});
+  };
+  side("tight", c.tight);
+  side("classic", c.classic);
+  side("clt", c.clt);
+  rec.push_back({"clt_exact_frac", c.clt_exact});
+  rec.push_back({"tight_over_clt", c.tight.keys / c.clt.keys});
+  rec.push_back({"classic_over_clt", c.classic.keys / c.clt.keys});
+  double tight_bound = NAN, classic_bound = NAN;
+  for (const certificate_check& k : r.checks)
+    (k.kind == certificate_kind::kTight ? tight_bound : classic_bound) = k.max_bound;
+  rec.push_back({"tight_max_bound", tight_bound});
+  rec.push_back({"classic_max_bound", classic_bound});
+  rec.push_back({"reference_agree_frac", r.reference_compared > 0
+                                             ? double(r.reference_agree) / double(r.reference_compared)
+                                             : NAN});
+  return rec;
+}
+
+void print_cost_table(const accuracy_flags& f, const std::vector<setting_result>& results,
+                      const std::vector<cost_row>& rows) {
+  std::printf("\nCost of the guarantee. Keys read per query head (mean) and error / (eps M) at eps %g, value scale: "
+              "the certified calls against an uncertified central-limit rule on the tight certificate's sample "
+              "(z = %.3f, at least %zu light keys)\n",
+              f.eps, normal_upper_quantile(f.delta / 2.0), kCltMinSample);
+  text_table t({"<setting", "tight keys", "classic keys", "clt keys", "clt exact", "tight/clt", "classic/clt",
+                "tight p90", "tight max", "classic p90", "classic max", "clt p90", "clt max", "calls > eps (t/c/clt)"});
+  auto num = [](double x, const char* fmt) { return std::isfinite(x) ? strf(fmt, x) : std::string("-"); };
+  auto share = [](double x) { return std::isfinite(x) ? strf("%.1f%%", 100.0 * x) : std::string("-"); };
+  for (const cost_row& c : rows)
+    t.add_row({c.setting, num(c.tight.keys, "%.0f"), num(c.classic.keys, "%.0f"), num(c.clt.keys, "%.0f"),
+               share(c.clt_exact), num(c.tight.keys / c.clt.keys, "%.2fx"), num(c.classic.keys / c.clt.keys, "%.2fx"),
+               num(c.tight.p90, "%.3f"), num(c.tight.max, "%.3f"), num(c.classic.p90, "%.3f"),
+               num(c.classic.max, "%.3f"), num(c.clt.p90, "%.3f"), num(c.clt.max, "%.3f"),
+               share(c.tight.above) + " / " + share(c.classic.above) + " / " + share(c.clt.above)});
+  t.print(stdout);
+  std::printf("error / (eps M) above 1 breaks the target; the certificates allow it in at most a fraction delta = %g "
+              "of calls, the CLT rule promises nothing. clt exact: calls on which the rule stopped at no level (fewer "
+              "than %zu light keys sampled down to the finest level: peaked attention) and read every key.\n",
+              f.delta, kCltMinSample);
+
+  // Self-checks: a certified bound above eps, or the reference stopping elsewhere than the
+  // fast path on the same sample, would be a library bug.
+  std::size_t certified = 0, bound_above = 0, agree = 0, compared = 0;
+  double max_bound = 0;
+  for (const setting_result& r : results) {
+    for (const certificate_check& k : r.checks) {
+      certified += k.certified;
+      bound_above += k.bound_above_eps;
+      max_bound = std::max(max_bound, k.max_bound);
+      if (k.bound_above_eps > 0)
+        std::printf("CHECK FAILED: %s, %s certificate: %zu of %zu certified bounds exceed eps (max %.4g)\n",
+                    r.name.c_str(), std::string(to_string(k.kind)).c_str(), k.bound_above_eps, k.certified,
+                    k.max_bound);
+    }
+    agree += r.reference_agree;
+    compared += r.reference_compared;
+    if (r.reference_agree != r.reference_compared)
+      std::printf("CHECK FAILED: %s: reference_attend (tight) stopped elsewhere than attend_group in %zu of %zu "
+                  "calls\n",
+                  r.name.c_str(), r.reference_compared - r.reference_agree, r.reference_compared);
+  }
+  std::printf("checks: %zu certified bounds at eps %g, %zu above eps (max %.4g)", certified, f.eps, bound_above,
+              max_bound);
+  if (compared > 0)
+    std::printf("; reference_attend agreed with attend_group (tight) on level, heavy and sampled in %zu of %zu calls",
+                agree, compared);
+  std::printf("\n");
+}
+
 void report(const accuracy_flags& f, const std::vector<setting_result>& results) {
   // Table 1: ours and the best baseline at matched keys.
-  std::printf("\nTable 1. Error / M at matched keys read (ours: attend_group, eps %g, value scale; baselines read at "
-              "most %.2gx our keys)\n",
-              f.eps, f.match);
+  std::printf("\nTable 1. Error / M at matched keys read (ours: attend_group, %s certificate, eps %g, value scale; "
+              "baselines read at most %.2gx our keys)\n",
+              std::string(to_string(f.kinds.front())).c_str(), f.eps, f.match);
   text_table t1({"<setting", "ours keys", "ours p90", "ours max", "<best baseline", "keys", "p90", "max",
                  "p90 ratio", "max ratio", "<best without SSA", "p90 ratio", "max ratio"});
   std::vector<target_row> targets, targets_no_ssa;
@@ -748,10 +1139,17 @@ void report(const accuracy_flags& f, const std::vector<setting_result>& results)
   print_targets("all baselines", targets);
   print_targets("baselines without SSA", targets_no_ssa);
 
+  const std::vector<cost_row> costs = cost_rows(f, results);
+  print_cost_table(f, results, costs);
+  std::vector<record> cost_recs;
+  for (std::size_t i = 0; i < results.size(); ++i) cost_recs.push_back(cost_record(f, costs[i], results[i]));
+
   std::vector<record> recs;
   for (const setting_result& r : results) {
     for (const summary& s : r.rows)
-      if (s.kind == role::kOurs || (s.key_matched ? s.front_keys : s.front_bytes))
+      if (s.kind == role::kReference)
+        recs.push_back(to_record(s, "reference"));
+      else if (s.kind == role::kOurs || (s.key_matched ? s.front_keys : s.front_bytes))
         recs.push_back(to_record(s, "front"));
     for (const summary* s : matched(r, false, f.match)) recs.push_back(to_record(*s, "keys"));
     for (const summary* s : matched(r, true, f.match)) recs.push_back(to_record(*s, "bytes"));
@@ -767,7 +1165,13 @@ void report(const accuracy_flags& f, const std::vector<setting_result>& results)
     j.key("quick").value(f.quick).key("eps").value(f.eps).key("delta").value(f.delta).key("match").value(f.match);
     j.key("kv_heads").value(std::uint64_t(f.kv_heads)).key("group").value(std::uint64_t(f.group));
     j.key("seed").value(std::uint64_t(f.seed));
+    std::string kinds;
+    for (certificate_kind k : f.kinds) kinds += (kinds.empty() ? "" : ",") + std::string(to_string(k));
+    j.key("certificates").value(kinds);
     j.end_object();
+    j.key("guarantee_cost").begin_array();
+    for (const record& r : cost_recs) j.begin_object(true).fields(r).end_object();
+    j.end_array();
     j.key("targets").begin_array();
     for (const target_row& t : targets) {
       const target_row& t2 = targets_no_ssa[std::size_t(&t - targets.data())];
@@ -789,16 +1193,40 @@ void report(const accuracy_flags& f, const std::vector<setting_result>& results)
   if (!f.csv.empty()) {
     write_file(f.csv, to_csv(recs));
     std::printf("wrote %s\n", f.csv.c_str());
+    // One CSV holds one table: the cost table goes beside it.
+    const std::filesystem::path p(f.csv);
+    const std::string cost_csv = (p.parent_path() / (p.stem().string() + "_guarantee_cost.csv")).string();
+    write_file(cost_csv, to_csv(cost_recs));
+    std::printf("wrote %s\n", cost_csv.c_str());
   }
   if (!f.plot.empty()) plots(f, results);
 }
 
 // ---- the command ---------------------------------------------------------------------------------
 
+/// --certificate's names, in order (the first is the one matched against the baselines).
+std::vector<certificate_kind> parse_certificates(const std::vector<std::string>& names) {
+  if (names.empty()) throw error("--certificate: name at least one of tight, classic");
+  std::vector<certificate_kind> kinds;
+  for (const std::string& name : names) {
+    certificate_kind k;
+    try {
+      k = certificate_kind_from_string(name);
+    } catch (const error& x) {
+      throw error(std::string("--") + x.what());
+    }
+    if (std::find(kinds.begin(), kinds.end(), k) != kinds.end())
+      throw error("--certificate: '" + name + "' is listed twice");
+    kinds.push_back(k);
+  }
+  return kinds;
+}
+
 void run_accuracy(accuracy_flags f) {
   for (const std::string& m : f.methods)
-    if (std::find(kMethodNames.begin(), kMethodNames.end(), m) == kMethodNames.end())
+    if (m != "none" && std::find(kMethodNames.begin(), kMethodNames.end(), m) == kMethodNames.end())
       throw error("--methods: unknown method '" + m + "'");
+  f.kinds = parse_certificates(f.certificates);
   if (!(f.match >= 1.0)) throw error("--match must be >= 1");
   if (f.kv.empty() != f.queries.empty()) throw error("--kv and --queries go together");
   options probe;
@@ -870,8 +1298,9 @@ void add_accuracy_command(CLI::App& app) {
   auto f = std::make_shared<accuracy_flags>();
   CLI::App* cmd = app.add_subcommand(
       "accuracy",
-      "error of the certified call vs baselines (oracle top-k/top-p, StreamingLLM, Quest, vAttention, SSA, "
-      "MagicPIG, RetroInfer, KIVI, fixed level) at matched keys and bytes read (docs/accuracy.md)");
+      "error of the certified call (tight and classic certificates) vs baselines (oracle top-k/top-p, "
+      "StreamingLLM, Quest, vAttention, SSA, MagicPIG, RetroInfer, KIVI, fixed level) at matched keys and bytes "
+      "read, and its keys read against an uncertified central-limit stopping rule (docs/accuracy.md)");
   cmd->add_flag("--quick", f->quick, "a run of a few minutes: contexts 16K,32K, 4 regimes, 256 calls per setting");
   cmd->add_option("--context", f->contexts, "contexts in tokens, comma-separated (default 16K,32K,64K,128K)")
       ->delimiter(',');
@@ -892,7 +1321,11 @@ void add_accuracy_command(CLI::App& app) {
   cmd->add_option("--threads", f->threads, "threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--methods", f->methods,
                   "baselines to run, comma-separated (default all): topk, topp, streaming, quest, vattention, ssa, "
-                  "magicpig, retroinfer, kivi, fixed")
+                  "magicpig, retroinfer, kivi, fixed; none for no baseline")
+      ->delimiter(',');
+  cmd->add_option("--certificate", f->certificates,
+                  "certificates of our call, comma-separated: tight, classic (default both; the first is compared "
+                  "with the baselines)")
       ->delimiter(',');
   cmd->add_option("--kv", f->kv, "a KV cache as .npy, float16/float32 [2, kv_heads, n_tokens, head_dim]");
   cmd->add_option("--queries", f->queries, "its queries as .npy, float16/float32 [steps, kv_heads, group, head_dim]");

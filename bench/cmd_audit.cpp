@@ -1,12 +1,15 @@
 // certattn-bench audit: the certificate validity table at scale. For every setting
-// (synthetic regime x context, or a user's .npy cache), error scale (denominator, output
-// norm, value scale) and epsilon, every call of attend_group is checked against exact
-// attention in double: a violation is a certified call whose error exceeds epsilon x scale.
+// (synthetic regime x context, or a user's .npy cache), certificate (tight, classic), error
+// scale (denominator, output norm, value scale) and epsilon, every call of attend_group is
+// checked against exact attention in double: a violation is a certified call whose error
+// exceeds epsilon x scale. Steps of one (KV head, configuration) run in order, each call
+// hinted with the levels its heads stopped at in the step before, as a decoder would.
 // Reported per row: calls, certified, fallbacks to exact attention, violations, the exact
 // (Clopper-Pearson) 95% upper bound on the violation rate, and the largest error relative
 // to epsilon x scale. A deterministic subset of the calls (every --check-every-th; all in
-// --quick) is also run through reference_attend(), which must agree with the fast path
-// exactly: same certification, level, heavy and sampled counts, output within 1e-5.
+// --quick) is also run through reference_attend() with the same level hint, which must agree
+// with the fast path exactly: same certification, level, heavy and sampled counts, output
+// within 1e-5.
 //
 // Exit status: nonzero when any call disagrees with the reference, or when a row's
 // violations are improbable under the guarantee (P(Binomial(certified, delta) >= v) below
@@ -33,6 +36,7 @@ struct audit_flags {
   bool quick = false;
   std::vector<std::string> contexts;  // default 16K..128K (quick: 8K)
   std::vector<std::string> regimes;   // default all ten
+  std::vector<std::string> certificates{"tight"};
   std::vector<std::string> scales{"denominator", "output_norm", "value_scale"};
   std::vector<double> eps{0.05, 0.1, 0.2, 0.3};
   double delta = 0.05;
@@ -46,14 +50,26 @@ struct audit_flags {
 };
 
 struct config {
+  certificate_kind certificate;
   error_scale scale;
   double eps;
+
+  options to_options(const audit_flags& f) const {
+    options opt;
+    opt.epsilon = eps;
+    opt.delta = f.delta;
+    opt.scale = scale;
+    opt.seed = f.seed;
+    opt.certificate = certificate;
+    return opt;
+  }
 };
 
-/// One (setting, scale, epsilon) row.
+/// One (setting, certificate, scale, epsilon) row.
 struct audit_row {
   std::string setting;
   std::size_t n = 0;
+  certificate_kind certificate = certificate_kind::kTight;
   error_scale scale = error_scale::kValueScale;
   double eps = 0, delta = 0;
   std::size_t calls = 0, certified = 0, fallbacks = 0, violations = 0, checked = 0, disagreements = 0;
@@ -70,7 +86,16 @@ struct call_record {
   std::uint8_t certified = 0, fallback = 0, violation = 0, checked = 0, disagree = 0;
 };
 
-double scale_value(error_scale s, const exact_call& x, double d_at_c) {
+/// What the audit keeps of one query's exact attention: exact_call without its per-token
+/// scores and weights, so that every call of a setting can be held at once.
+struct exact_summary {
+  std::vector<double> o;
+  double c = 0, D = 0, M = 0, o_norm = 0;
+
+  explicit exact_summary(const exact_call& x) : o(x.o), c(x.c), D(x.D), M(x.M), o_norm(x.o_norm) {}
+};
+
+double scale_value(error_scale s, const exact_summary& x, double d_at_c) {
   switch (s) {
     case error_scale::kDenominator: return d_at_c;
     case error_scale::kOutputNorm: return x.o_norm;
@@ -99,51 +124,69 @@ std::string compare(const certificate& fast, const float* fast_out, const refere
   return {};
 }
 
+/// Exact attention of every call of a setting, [steps][heads][group], computed once and
+/// shared by all configurations.
+std::vector<exact_summary> exact_calls(const eval_data& e, thread_pool& pool) {
+  const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group;
+  const double scale = options{}.effective_softmax_scale(d);
+  std::vector<std::vector<exact_summary>> per_item(e.steps * H);
+  std::vector<exact_call> scratch(pool.size());
+  pool.parallel_for(e.steps * H, [&](std::size_t item, std::size_t wi) {
+    const std::size_t s = item / H, h = item % H;
+    exact_call& x = scratch[wi];
+    for (std::size_t g = 0; g < G; ++g) {
+      exact_attend(e.query(s, h, g), e.key_rows(h), e.value_rows(h), n, d, scale, x);
+      if (s == 0 && g == 0) check_exact(e.query(s, h, g), e, h, x);
+      per_item[item].emplace_back(x);
+    }
+  });
+  std::vector<exact_summary> all;
+  all.reserve(e.calls());
+  for (std::vector<exact_summary>& v : per_item)
+    for (exact_summary& x : v) all.push_back(std::move(x));
+  return all;
+}
+
 std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<config>& cfgs, const audit_flags& f,
                                      std::size_t check_every, thread_pool& pool, progress& prog) {
   const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group, S = e.steps, calls = e.calls();
   const std::size_t C = cfgs.size();
   std::vector<key_index> idx(H, key_index(d));
   pool.parallel_for(H, [&](std::size_t h, std::size_t) { idx[h].build(e.view(h)); });
+  const std::vector<exact_summary> exact = exact_calls(e, pool);
   std::vector<call_record> rec(C * calls);
   std::vector<std::string> first_disagreement(pool.size());
 
   struct worker {
-    std::vector<exact_call> ex;
     std::vector<float> out;
     std::vector<certificate> certs;
+    std::vector<int> hints;
     std::unique_ptr<attend_workspace> ws;
   };
   std::vector<worker> workers(pool.size());
   for (worker& w : workers) {
-    w.ex.resize(G);
     w.out.resize(G * d);
     w.certs.resize(G);
+    w.hints.resize(G);
     w.ws = std::make_unique<attend_workspace>(G, d, n);
   }
-  const double scale = options{}.effective_softmax_scale(d);
 
-  pool.parallel_for(S * H, [&](std::size_t item, std::size_t wi) {
+  // One item per (KV head, configuration): its steps run in order, since each step's level
+  // hints are the levels of the step before.
+  pool.parallel_for(H * C, [&](std::size_t item, std::size_t wi) {
     worker& w = workers[wi];
-    const std::size_t s = item / H, h = item % H;
-    for (std::size_t g = 0; g < G; ++g) {
-      exact_attend(e.query(s, h, g), e.key_rows(h), e.value_rows(h), n, d, scale, w.ex[g]);
-      if (s == 0 && g == 0) check_exact(e.query(s, h, g), e, h, w.ex[g]);
-    }
-    for (std::size_t ci = 0; ci < C; ++ci) {
-      options opt;
-      opt.epsilon = cfgs[ci].eps;
-      opt.delta = f.delta;
-      opt.scale = cfgs[ci].scale;
-      opt.seed = f.seed;
+    const std::size_t h = item / C, ci = item % C;
+    const options opt = cfgs[ci].to_options(f);
+    for (std::size_t s = 0; s < S; ++s) {
       // Each configuration draws its own perturbations (layer = configuration).
       const noise_key nk{std::uint64_t(s), std::uint32_t(ci), std::uint32_t(h)};
+      const std::span<const int> hints = s == 0 ? std::span<const int>() : std::span<const int>(w.hints);
       attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, e.view(h), idx[h], nk, opt, w.out, w.certs,
-                   *w.ws);
+                   *w.ws, hints);
       for (std::size_t g = 0; g < G; ++g) {
         const std::size_t call = (s * H + h) * G + g;
         const certificate& cert = w.certs[g];
-        const exact_call& x = w.ex[g];
+        const exact_summary& x = exact[call];
         call_record& r = rec[ci * calls + call];
         r.keys = float(cert.keys_read);
         r.certified = cert.certified ? 1 : 0;
@@ -164,6 +207,8 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
           reference_extras extras;
           extras.value_center = idx[h].value_center();
           extras.value_cap = idx[h].value_cap();
+          extras.reach_floor = idx[h].reach_floor();
+          extras.level_hint = hints.empty() ? -1 : hints[g];
           const reference_result ref = reference_attend(std::span<const float>(e.query(s, h, g), d), e.key_matrix(h),
                                                         e.value_matrix(h), opt, nk, extras);
           r.checked = 1;
@@ -171,13 +216,15 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
           if (!why.empty()) {
             r.disagree = 1;
             if (first_disagreement[wi].empty())
-              first_disagreement[wi] = strf("%s step %zu head %zu query %zu, %s eps %g: ", e.name.c_str(), s, h, g,
+              first_disagreement[wi] = strf("%s step %zu head %zu query %zu, %s %s eps %g: ", e.name.c_str(), s, h, g,
+                                            std::string(to_string(cfgs[ci].certificate)).c_str(),
                                             std::string(to_string(cfgs[ci].scale)).c_str(), cfgs[ci].eps) + why;
           }
         }
       }
+      for (std::size_t g = 0; g < G; ++g) w.hints[g] = w.certs[g].level;  // the next step's hints
+      prog.advance(double(G * n));
     }
-    prog.advance(double(G * C * n));
   });
   for (const std::string& m : first_disagreement)
     if (!m.empty()) std::fprintf(stderr, "audit: fast path and reference disagree: %s\n", m.c_str());
@@ -187,6 +234,7 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
     audit_row a;
     a.setting = e.name;
     a.n = n;
+    a.certificate = cfgs[ci].certificate;
     a.scale = cfgs[ci].scale;
     a.eps = cfgs[ci].eps;
     a.delta = f.delta;
@@ -218,6 +266,7 @@ record to_record(const audit_row& a) {
   return {
       {"setting", a.setting},
       {"context", std::uint64_t(a.n)},
+      {"certificate", std::string(to_string(a.certificate))},
       {"scale", std::string(to_string(a.scale))},
       {"eps", a.eps},
       {"delta", a.delta},
@@ -239,16 +288,15 @@ record to_record(const audit_row& a) {
 
 void run_audit(audit_flags f) {
   if (f.kv.empty() != f.queries.empty()) throw error("--kv and --queries go together");
+  const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
   std::vector<config> cfgs;
-  for (const std::string& s : f.scales)
-    for (double e : f.eps) {
-      options probe;
-      probe.epsilon = e;
-      probe.delta = f.delta;
-      probe.scale = error_scale_from_string(s);
-      validate(probe);
-      cfgs.push_back({probe.scale, e});
-    }
+  for (certificate_kind k : certificates)
+    for (const std::string& s : f.scales)
+      for (double e : f.eps) {
+        const config c{k, error_scale_from_string(s), e};
+        validate(c.to_options(f));
+        cfgs.push_back(c);
+      }
   if (cfgs.empty()) throw error("--scale and --eps need at least one value each");
   if (!(f.alpha > 0 && f.alpha < 1)) throw error("--alpha must lie in (0, 1)");
   if (f.contexts.empty()) f.contexts = f.quick ? std::vector<std::string>{"8K"}
@@ -274,10 +322,11 @@ void run_audit(audit_flags f) {
         if (plans.back().n <= 64) throw error("--context: contexts must exceed the 64-token window");
         total += double(steps * heads * f.group * cfgs.size() * plans.back().n);
       }
-    std::printf("audit: %s, %zu settings (regime x context) x %zu scales x %zu epsilons, %zu calls per row "
-                "(%zu steps x %zu KV heads x group %zu), delta %g, reference check on every %zu%s call, %zu threads\n",
-                f.quick ? "quick" : "full", plans.size(), f.scales.size(), f.eps.size(), steps * heads * f.group, steps,
-                heads, f.group, f.delta, check_every,
+    std::printf("audit: %s, %zu settings (regime x context) x %zu certificates x %zu scales x %zu epsilons, %zu "
+                "calls per row (%zu steps x %zu KV heads x group %zu), delta %g, reference check on every %zu%s call, "
+                "%zu threads\n",
+                f.quick ? "quick" : "full", plans.size(), certificates.size(),
+                f.scales.size(), f.eps.size(), steps * heads * f.group, steps, heads, f.group, f.delta, check_every,
                 check_every == 1 ? "st" : check_every == 2 ? "nd" : check_every == 3 ? "rd" : "th", pool.size());
   }
   std::fflush(stdout);
@@ -318,33 +367,35 @@ void run_audit(audit_flags f) {
     calls += a.calls;
   }
 
-  text_table t({"<setting", "<scale", "eps", "calls", "certified", "fallback", "viol", "rate ub95", "max err/eps",
-                "p90 err/eps", "keys %", "checked", "disagree", "<pass"});
+  text_table t({"<setting", "<cert", "<scale", "eps", "calls", "certified", "fallback", "viol", "rate ub95",
+                "max err/eps", "p90 err/eps", "keys %", "checked", "disagree", "<pass"});
   for (const audit_row& a : rows)
-    t.add_row({a.setting, std::string(to_string(a.scale)), strf("%g", a.eps), std::to_string(a.calls),
-               std::to_string(a.certified), std::to_string(a.fallbacks), std::to_string(a.violations),
-               strf("%.2g", a.rate_ub), strf("%.3f", a.max_ratio), strf("%.3f", a.p90_ratio),
-               strf("%.2f", 100 * a.keys_frac), std::to_string(a.checked), std::to_string(a.disagreements),
-               a.pass ? "yes" : "NO"});
+    t.add_row({a.setting, std::string(to_string(a.certificate)), std::string(to_string(a.scale)), strf("%g", a.eps),
+               std::to_string(a.calls), std::to_string(a.certified), std::to_string(a.fallbacks),
+               std::to_string(a.violations), strf("%.2g", a.rate_ub), strf("%.3f", a.max_ratio),
+               strf("%.3f", a.p90_ratio), strf("%.2f", 100 * a.keys_frac), std::to_string(a.checked),
+               std::to_string(a.disagreements), a.pass ? "yes" : "NO"});
   std::printf("\n");
   t.print(stdout);
 
-  std::printf("\nCertificate validity by error scale and epsilon (all settings pooled; delta %g)\n", f.delta);
-  text_table sum({"<scale", "eps", "calls", "certified", "fallback", "violations", "rate ub95", "max err/eps",
+  std::printf("\nCertificate validity by certificate, error scale and epsilon (all settings pooled; delta %g)\n",
+              f.delta);
+  text_table sum({"<cert", "<scale", "eps", "calls", "certified", "fallback", "violations", "rate ub95", "max err/eps",
                   "median p90 err/eps", "checked", "disagree"});
   for (const config& c : cfgs) {
     std::size_t cl = 0, ce = 0, fb = 0, v = 0, ck = 0, dg = 0;
     double mx = 0;
     std::vector<double> p90s;
     for (const audit_row& a : rows)
-      if (a.scale == c.scale && a.eps == c.eps) {
+      if (a.certificate == c.certificate && a.scale == c.scale && a.eps == c.eps) {
         cl += a.calls, ce += a.certified, fb += a.fallbacks, v += a.violations, ck += a.checked, dg += a.disagreements;
         mx = std::max(mx, a.max_ratio);
         p90s.push_back(a.p90_ratio);
       }
-    sum.add_row({std::string(to_string(c.scale)), strf("%g", c.eps), std::to_string(cl), std::to_string(ce),
-                 std::to_string(fb), std::to_string(v), strf("%.2g", clopper_pearson_upper(v, ce)), strf("%.3f", mx),
-                 strf("%.3f", quantile(p90s, 0.5)), std::to_string(ck), std::to_string(dg)});
+    sum.add_row({std::string(to_string(c.certificate)), std::string(to_string(c.scale)), strf("%g", c.eps),
+                 std::to_string(cl), std::to_string(ce), std::to_string(fb), std::to_string(v),
+                 strf("%.2g", clopper_pearson_upper(v, ce)), strf("%.3f", mx), strf("%.3f", quantile(p90s, 0.5)),
+                 std::to_string(ck), std::to_string(dg)});
   }
   sum.print(stdout);
   std::printf("\ntotal: %zu calls, %zu certified, %zu fell back to exact attention, %zu violations (95%% upper bound on "
@@ -399,6 +450,7 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--context", f->contexts, "contexts in tokens, comma-separated (default 16K,32K,64K,128K)")
       ->delimiter(',');
   cmd->add_option("--regime", f->regimes, "synthetic regimes, comma-separated (default all ten)")->delimiter(',');
+  add_certificate_flag(*cmd, f->certificates);
   cmd->add_option("--scale", f->scales, "error scales: denominator, output_norm, value_scale")
       ->delimiter(',')
       ->capture_default_str();

@@ -2,9 +2,10 @@
 // the certified call timed alternately on the same queries, threads and cache.
 //
 // For each (regime, context): a synthetic cache and its key indexes are built once; for each
-// layout the cache is copied into that layout; for each thread count, epsilon and delta the
-// two methods run A B A B ... (warm-up steps first), each step with fresh queries and fresh
-// perturbations (noise_key.step advances every repetition).
+// layout the cache is copied into that layout; for each thread count, epsilon, delta and
+// certificate the two methods run A B A B ... (warm-up steps first), each step with fresh
+// queries and fresh perturbations (noise_key.step advances every repetition). Each step passes
+// the levels the previous step stopped at as level hints, as a decoder would.
 #include "bench_common.hpp"
 #include "commands.hpp"
 #include "report.hpp"
@@ -25,9 +26,11 @@ constexpr const char* kStageNames[6] = {"window", "scan", "max", "candidates", "
 
 struct speed_flags : grid_flags {
   std::size_t bandwidth_mib = 1024;
+  std::vector<std::string> certificates{"tight"};
 };
 
 struct speed_row : run_point {
+  certificate_kind certificate = certificate_kind::kTight;
   std::size_t reps = 0;
   double dense_ms = 0, certified_ms = 0, speedup = 0;
   double keys_read_frac = 0, keys_read_per_head = 0, bytes_read_frac = 0;
@@ -39,6 +42,7 @@ struct speed_row : run_point {
 record to_record(const speed_row& r) {
   record rec = point_fields(r);
   rec.insert(rec.end(), {
+      {"certificate", std::string(to_string(r.certificate))},
       {"reps", std::uint64_t(r.reps)},
       {"dense_ms", r.dense_ms},
       {"certified_ms", r.certified_ms},
@@ -132,7 +136,14 @@ class nhd_dense_split {
   std::vector<float> out_, max_, sum_;
 };
 
-/// Runs `steps` decoding steps of one configuration, dense then certified in each.
+/// The level hints of the next step: the level each query head stopped at in this one (-1
+/// when it fell back to exact attention), [kv_heads][group] as certs.
+void keep_levels(const std::vector<certificate>& certs, std::vector<int>& hints) {
+  for (std::size_t i = 0; i < certs.size(); ++i) hints[i] = certs[i].level;
+}
+
+/// Runs `steps` decoding steps of one configuration, dense then certified in each. The
+/// first step has no level hints; every later one gets the levels of the step before.
 template <class ViewOf>
 std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const std::vector<key_index>& idx,
                                    const std::vector<float>& queries, std::size_t group, const options& opt,
@@ -142,6 +153,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
   const std::size_t per_step = H * G * d;
   std::vector<float> out_dense(per_step), out_cert(per_step);
   std::vector<certificate> certs(H * G);
+  std::vector<int> hints(H * G, -1);
   std::vector<group_stats> stats(H);
   nhd_dense_split nhd(pool.size(), n, H * G, d);
   std::vector<step_result> res(steps);
@@ -165,13 +177,16 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     flush();
     t0 = bench_clock::now();
     pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+      const std::span<const int> head_hints =
+          s == 0 ? std::span<const int>() : std::span<const int>(hints.data() + h * G, G);
       attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
                    noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
                    std::span<float>(out_cert.data() + h * G * d, G * d),
-                   std::span<certificate>(certs.data() + h * G, G), ws.attend[w]);
+                   std::span<certificate>(certs.data() + h * G, G), ws.attend[w], head_hints);
       stats[h] = ws.attend[w].last_stats();
     });
     r.certified_s = seconds_since(t0);
+    keep_levels(certs, hints);  // untimed: a decoder keeps them as it goes
 
     for (std::size_t h = 0; h < H; ++h) {
       r.keys_read += stats[h].keys_read;
@@ -233,9 +248,11 @@ std::string join(const std::vector<double>& v) {
   return s;
 }
 
-std::string series_label(const speed_row& r, bool layouts, bool threads, bool regimes, bool eps, bool delta) {
+std::string series_label(const speed_row& r, bool layouts, bool threads, bool regimes, bool eps, bool delta,
+                         bool certificates) {
   std::string s;
   auto add = [&s](const std::string& x) { s += (s.empty() ? "" : ", ") + x; };
+  if (certificates) add(std::string(to_string(r.certificate)));
   if (layouts) add(std::string(to_string(r.layout)));
   if (threads) add(std::to_string(r.threads) + (r.threads == 1 ? " thread" : " threads"));
   if (regimes) add(std::string(syn::to_string(r.regime)));
@@ -244,13 +261,17 @@ std::string series_label(const speed_row& r, bool layouts, bool threads, bool re
   return s.empty() ? "certified" : s;
 }
 
-void report(const speed_flags& f, const grid& g, const std::vector<speed_row>& rows,
-            const std::map<std::size_t, double>& bandwidth) {
+void report(const speed_flags& f, const grid& g, const std::vector<certificate_kind>& certificates,
+            const std::vector<speed_row>& rows, const std::map<std::size_t, double>& bandwidth) {
   const bool many_regimes = g.regimes.size() > 1, many_eps = f.eps.size() > 1, many_delta = f.delta.size() > 1;
+  const bool many_certificates = certificates.size() > 1;
+  // The certificate column is shown even for one certificate: the default (tight) is not the
+  // paper's, and a row without it would be read against the paper's tables.
   std::vector<std::string> headers{"context", "<layout", "thr"};
   if (many_regimes) headers.push_back("<regime");
   if (many_eps) headers.push_back("eps");
   if (many_delta) headers.push_back("delta");
+  headers.push_back("<cert");
   for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "certified %",
                         "dense GB/s", "of read bw"})
     headers.push_back(h);
@@ -260,6 +281,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<speed_row>& r
     if (many_regimes) c.push_back(std::string(syn::to_string(r.regime)));
     if (many_eps) c.push_back(strf("%g", r.eps));
     if (many_delta) c.push_back(strf("%g", r.delta));
+    c.push_back(std::string(to_string(r.certificate)));
     c.push_back(strf("%.2f", r.dense_ms));
     c.push_back(strf("%.2f", r.certified_ms));
     c.push_back(strf("%.2fx", r.speedup));
@@ -276,15 +298,17 @@ void report(const speed_flags& f, const grid& g, const std::vector<speed_row>& r
   std::printf(
       "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, fp16); speedup = median of "
       "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
-      "group_stats.bytes_read / dense_bytes (K and V once).\n",
+      "group_stats.bytes_read / dense_bytes (K and V once); cert = tight (every step after the first hinted with "
+      "the levels of the step before) or classic (the paper's).\n",
       f.reps, f.kv_heads, f.group, f.head_dim);
 
 #ifdef CERTATTN_PROFILE_STAGES
-  std::vector<std::string> sh{"context", "<layout", "thr"};
+  std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};
   for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
   text_table stages(sh);
   for (const speed_row& r : rows) {
-    std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads)};
+    std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads),
+                               std::string(to_string(r.certificate))};
     for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
     stages.add_row(c);
   }
@@ -333,7 +357,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<speed_row>& r
                    "context (tokens)", "keys read per query head", true, true, -1.0, {}};
     std::map<std::string, std::size_t> where;
     for (const speed_row& r : rows) {
-      const std::string label = series_label(r, ml, mt, many_regimes, many_eps, many_delta);
+      const std::string label = series_label(r, ml, mt, many_regimes, many_eps, many_delta, many_certificates);
       if (!where.count(label)) {
         where[label] = speed.series.size();
         speed.series.push_back({label, {}, {}});
@@ -353,6 +377,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<speed_row>& r
 
 void run_speed(const speed_flags& f) {
   const grid g = resolve(f);
+  const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
   const std::size_t H = f.kv_heads, G = f.group, d = f.head_dim;
   const std::size_t steps = f.warmup + f.reps;
   pools P(g.threads);
@@ -364,7 +389,8 @@ void run_speed(const speed_flags& f) {
   double total = 0;
   for (std::size_t n : g.contexts) {
     total += double(g.regimes.size()) * double(n * H) * kSetupSteps;
-    total += double(g.regimes.size() * g.layouts.size() * g.threads.size() * f.eps.size() * f.delta.size()) *
+    total += double(g.regimes.size() * g.layouts.size() * g.threads.size() * f.eps.size() * f.delta.size() *
+                    certificates.size()) *
              double(steps) * double(n * H);
   }
   progress prog("certattn-bench speed", total, !f.quiet);
@@ -381,8 +407,10 @@ void run_speed(const speed_flags& f) {
               threads_available());
   for (const auto& [t, bw] : bandwidth) std::printf("  %zu thread%s %.1f GB/s", t, t == 1 ? "" : "s", bw);
   std::printf("\n");
-  std::printf("grid: regime %s, eps %s, delta %s, kv_heads %zu, group %zu, head_dim %zu, %zu warm-up + %zu timed steps\n",
-              join(f.regimes).c_str(), join(f.eps).c_str(), join(f.delta).c_str(), H, G, d, f.warmup, f.reps);
+  std::printf("grid: regime %s, eps %s, delta %s, certificate %s, kv_heads %zu, group %zu, head_dim %zu, %zu warm-up + "
+              "%zu timed steps\n",
+              join(f.regimes).c_str(), join(f.eps).c_str(), join(f.delta).c_str(), join(f.certificates).c_str(), H, G,
+              d, f.warmup, f.reps);
   std::fflush(stdout);
 
   std::vector<speed_row> rows;
@@ -410,25 +438,29 @@ void run_speed(const speed_flags& f) {
         const layer_cache lc(cache, layout, f.seed);
         for (std::size_t t : g.threads)
           for (double eps : f.eps)
-            for (double delta : f.delta) {
-              prog.set_stage(ctx + " " + std::string(to_string(layout)) + " " + std::to_string(t) + "T");
-              options opt;
-              opt.epsilon = eps;
-              opt.delta = delta;
-              opt.seed = f.seed;
-              const std::vector<step_result> res = lc.visit([&](auto view_of) {
-                return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
-                                 2.0 * double(n * H));
-              });
-              speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
-              static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
-              rows.push_back(row);
-            }
+            for (double delta : f.delta)
+              for (certificate_kind cert : certificates) {
+                prog.set_stage(ctx + " " + std::string(to_string(layout)) + " " + std::to_string(t) + "T " +
+                               std::string(to_string(cert)));
+                options opt;
+                opt.epsilon = eps;
+                opt.delta = delta;
+                opt.seed = f.seed;
+                opt.certificate = cert;
+                const std::vector<step_result> res = lc.visit([&](auto view_of) {
+                  return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
+                                   2.0 * double(n * H));
+                });
+                speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
+                static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
+                row.certificate = cert;
+                rows.push_back(row);
+              }
       }
     }
   }
   prog.finish();
-  report(f, g, rows, bandwidth);
+  report(f, g, certificates, rows, bandwidth);
 }
 
 }  // namespace
@@ -442,6 +474,7 @@ void add_speed_command(CLI::App& app) {
   add_grid_flags(*cmd, *f, "timed decoding steps per configuration (after the warm-up)");
   cmd->add_option("--bandwidth-mib", f->bandwidth_mib, "buffer size of the read-bandwidth measurement (MiB)")
       ->capture_default_str();
+  add_certificate_flag(*cmd, f->certificates);
   cmd->callback([f] { run_speed(*f); });
 }
 

@@ -1,7 +1,8 @@
 // The fast path computes what the reference computes: the same levels, the same sample
 // sets (token by token), the same certificate and the same output up to float rounding,
 // over every synthetic regime, each layout and element type, head_dim 64/128/256, G in
-// {1, 4, 7, 8}, contexts from 1K to 128K, and each instruction set.
+// {1, 4, 7, 8}, contexts from 1K to 128K, each instruction set, and both certificates
+// (tight with the previous step's level hints, and classic).
 //
 // Scores are computed by one lane-fixed function in both paths, so they agree bit for
 // bit and the admissible "key within rounding of a threshold" case cannot arise: the
@@ -54,10 +55,6 @@ void check_group(const exact_case& p, const test::layout_cache<T>& /*owns kv's r
   idx.build(kv.prefix(n0));
   for (std::size_t t = n0; t < n; ++t) idx.append(kv, t);
 
-  options opt;
-  opt.epsilon = p.eps;
-  opt.scale = p.scale;
-  opt.seed = 11;
   attend_workspace ws(G, d, n);
   ws.record_samples(true);
   std::vector<float> out(G * d);
@@ -65,22 +62,32 @@ void check_group(const exact_case& p, const test::layout_cache<T>& /*owns kv's r
   std::vector<T> kmat, vmat;
   test::gather_head<T>(kv, kmat, vmat);
   int deepest_level = -1;
+  // Both certificates; the tight one also with the level hints of the previous step.
+  for (certificate_kind kind : {certificate_kind::kTight, certificate_kind::kClassic}) {
+  options opt;
+  opt.epsilon = p.eps;
+  opt.scale = p.scale;
+  opt.seed = 11;
+  opt.certificate = kind;
+  std::vector<int> hints;
   for (std::uint64_t step : {3u, 4u}) {
     const noise_key nk{step, 2, std::uint32_t(head)};
     const std::vector<float> q = synthetic::make_queries(src, head, G, step);
     set_isa_cap(p.arch);
     attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(out),
-                 std::span<certificate>(certs), ws);
+                 std::span<certificate>(certs), ws, hints);
     set_isa_cap(isa::kAvx512Vnni);
     ASSERT_EQ(ws.last_stats().bound_violations, 0u);
     for (std::size_t g = 0; g < G; ++g) {
       const auto r = reference_attend(std::span<const float>(q.data() + g * d, d),
                                       make_matrix_view(kmat.data(), n, d),
                                       make_matrix_view(vmat.data(), n, d), opt, nk,
-                                      {idx.value_center(), idx.value_cap()});
+                                      {idx.value_center(), idx.value_cap(), idx.reach_floor(),
+                                       hints.empty() ? -1 : hints[g]});
       const certificate& f = certs[g];
       deepest_level = std::max(deepest_level, f.exact ? 1000 : f.level);
-      SCOPED_TRACE("head " + std::to_string(g) + " step " + std::to_string(step));
+      SCOPED_TRACE(std::string(to_string(kind)) + " head " + std::to_string(g) + " step " +
+                   std::to_string(step));
       ASSERT_EQ(f.certified, r.cert.certified);
       ASSERT_EQ(f.exact, r.cert.exact);
       ASSERT_EQ(f.level, r.cert.level);
@@ -115,6 +122,9 @@ void check_group(const exact_case& p, const test::layout_cache<T>& /*owns kv's r
       }
       ASSERT_LE(err, 1e-5 * std::max(1.0, norm)) << "output differs";
     }
+    hints.assign(G, -1);
+    for (std::size_t g = 0; g < G; ++g) hints[g] = certs[g].level;
+  }
   }
   std::printf("[ deepest ] %s: %s\n", name_of(p).c_str(),
               deepest_level == 1000 ? "exact fallback" : std::to_string(deepest_level).c_str());
@@ -252,7 +262,7 @@ TEST(FastPathExactRegression, TokenWithZeroTopHashBits) {
     for (std::size_t g = 0; g < G; ++g) {
       const auto r = reference_attend(std::span<const float>(q.data() + g * d, d), keys_matrix(kv),
                                       values_matrix(kv), opt, noise_key{step, 0, 0},
-                                      {idx.value_center(), idx.value_cap()});
+                                      {idx.value_center(), idx.value_cap(), idx.reach_floor()});
       ASSERT_EQ(certs[g].level, r.cert.level) << to_string(a);
       ASSERT_EQ(certs[g].heavy, r.cert.heavy) << to_string(a);
       ASSERT_EQ(certs[g].sampled, r.cert.sampled) << to_string(a);

@@ -183,7 +183,10 @@ TEST(Extremes, AllEqualKeysGiveTheMeanValue) {
     for (std::size_t i = 0; i < d; ++i) mean[i] += double(float(c.values[t * d + i])) / double(n);
   for (std::size_t g = 0; g < 4; ++g) {
     EXPECT_TRUE(r.certs[g].certified);
-    EXPECT_EQ(r.certs[g].level, 0);  // every weight is 1: all heavy at tau_0 = 1
+    // Every weight is 1: all heavy at tau = 1, the level after the tight grid's coarse
+    // levels (whose samples of 1136 pool keys do not certify epsilon = 0.1).
+    EXPECT_EQ(r.certs[g].level, options{}.coarse_levels());
+    EXPECT_DOUBLE_EQ(r.certs[g].tau, 1.0);
     for (std::size_t i = 0; i < d; ++i) EXPECT_NEAR(r.out[g * d + i], mean[i], 1e-5);
   }
 }
@@ -365,6 +368,24 @@ TEST(Extremes, ValuesWithAHugeCommonOffset) {
 // Value rows whose norm overflows float (|v| near 3.4e38): their distance bound is +inf,
 // so they join the exact set whatever the cache size. The fuzzer found that before, with
 // all 278 rows that large, the denominator scale certified with beta = +inf (R = +inf).
+// Values all zero when the index fixed its value bound (reach floor 0), then nonzero
+// values appended: their sampling offsets ln(rho / 0) are infinite, so they are heavy at
+// every level; fast path and reference must still agree (both certificates, all scales).
+TEST(Extremes, ZeroValuesAtBuildThenNonzeroAppends) {
+  const std::size_t n = 600, n0 = 400, d = 32;
+  const head_cache<half> c(
+      n, d, [](std::size_t t, std::size_t i) { return gauss(61, t * 100 + i); },
+      [&](std::size_t t, std::size_t i) { return t < n0 ? 0.0 : gauss(62, t * 100 + i); });
+  for (certificate_kind kind : {certificate_kind::kTight, certificate_kind::kClassic})
+    for (error_scale sc : {error_scale::kDenominator, error_scale::kValueScale, error_scale::kOutputNorm}) {
+      SCOPED_TRACE(std::string(to_string(kind)) + " " + std::string(to_string(sc)));
+      options opt;
+      opt.certificate = kind;
+      opt.scale = sc;
+      expect_exact(c, queries(2, d, 1.0, 63), 2, opt, n0);
+    }
+}
+
 TEST(Extremes, ValueNormsBeyondFloatJoinTheExactSet) {
   for (std::size_t n : {200u, 278u, 600u})
     for (bool all_huge : {true, false}) {

@@ -442,9 +442,25 @@ std::vector<robustness_case> cases() {
   add(ag, "options.delta = 4.9e-324 (subnormal)",
       with_options([](options& o) { o.delta = std::numeric_limits<double>::denorm_min(); }));
   add(ag, "options.max_levels = 0", with_options([](options& o) { o.max_levels = 0; }));
-  add(ag, "options.grid_ratio = 64, max_levels = 254", with_options([](options& o) {
+  add(ag, "options.grid_ratio = 64, max_levels = 254, classic certificate",
+      with_options([](options& o) {
         o.grid_ratio = 64;
         o.max_levels = 254;
+        o.certificate = certificate_kind::kClassic;
+      }));
+  add(ag, "options.grid_ratio = 64, max_levels = 254, tight certificate (638 levels)",
+      with_options([](options& o) {
+        o.grid_ratio = 64;
+        o.max_levels = 254;
+      }));
+  add(ag, "options.grid_top = -1", with_options([](options& o) { o.grid_top = -1; }));
+  add(ag, "options.grid_top = 65", with_options([](options& o) { o.grid_top = 65; }));
+  add(ag, "options.grid_top = 64, grid_ratio = 1", with_options([](options& o) {
+        o.grid_top = 64;
+        o.grid_ratio = 1;
+      }));
+  add(ag, "options.certificate = 7", with_options([](options& o) {
+        o.certificate = static_cast<certificate_kind>(7);
       }));
   add(ag, "seed and step = 2^64 - 1", [] {
     setting s;

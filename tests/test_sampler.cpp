@@ -199,6 +199,7 @@ TEST(Inclusion, ReferenceSampleLevelsMatchMinOneWOverTauAcrossSeeds) {
   const auto values = make_matrix_view(c.values.data(), c.values.size(), 1);
   const std::vector<double> q = {1.0};
   options opt;
+  opt.certificate = certificate_kind::kClassic;  // plain PPS on the paper's grid
   opt.window = c.window;
   opt.grid_ratio = r;
   opt.max_levels = J;
@@ -237,6 +238,9 @@ TEST(Inclusion, ReferenceSetsAreNestedAndMatchTheDefinition) {
     std::vector<float> q(d);
     for (auto& x : q) x = float(3.0 * g.normal());
     options opt;
+    // Both certificates: the tight one shifts scores by the grid's top and adds each key's
+    // value-aware offset ln(rho / rho_bar).
+    opt.certificate = trial % 2 ? certificate_kind::kClassic : certificate_kind::kTight;
     opt.window = window;
     opt.grid_ratio = 1 + trial % 3;
     opt.max_levels = 24;
@@ -244,11 +248,18 @@ TEST(Inclusion, ReferenceSetsAreNestedAndMatchTheDefinition) {
     opt.seed = 1000 + trial;
     const noise_key nk{std::uint64_t(trial), 2, 3};
     const reference_result res = reference_attend(std::span<const float>(q), kv, vv, opt, nk);
-    ASSERT_EQ(res.trace.size(), std::size_t(opt.max_levels + 1));
+    const int J = opt.total_levels();
+    ASSERT_EQ(res.trace.size(), std::size_t(J + 1));
     const std::vector<double> s = exact_scores(std::span<const float>(q), kv,
                                                opt.effective_softmax_scale(d));
     const perturbation pert(opt.seed, nk);
-    const double c = res.max_score;
+    const double c = res.max_score + grid_shift(opt.top_halvings());
+    // The sampling offsets of the tight certificate's value-aware design (0 for classic).
+    const std::vector<float> center = value_mean(vv, n);
+    std::vector<float> dist(n);
+    for (std::size_t t = 0; t < n; ++t) dist[t] = value_distance_bound(vv.row(t), center, d);
+    const sampling_design design = make_sampling_design(opt, reach_floor_from(dist), 0.0, center);
+    auto x_of = [&](std::size_t t) { return (s[t] - c) + design.offset(dist[t]); };
     std::size_t exact_set = 0;
     for (std::size_t t = 0; t + window < n; ++t) {
       if (res.heavy_level[t] < 0) {  // the exact set (value outliers): read exactly
@@ -257,16 +268,16 @@ TEST(Inclusion, ReferenceSetsAreNestedAndMatchTheDefinition) {
         continue;
       }
       ASSERT_LE(res.sample_level[t], res.heavy_level[t]);
-      for (int j = 0; j <= opt.max_levels; ++j) {
+      for (int j = 0; j <= J; ++j) {
         const double lt = ln_tau(j, opt.grid_ratio);
-        ASSERT_EQ(res.sample_level[t] <= j, in_sample(s[t] - c, pert.exp1(t), lt))
+        ASSERT_EQ(res.sample_level[t] <= j, in_sample(x_of(t), pert.exp1(t), lt))
             << "token " << t << " level " << j;
-        ASSERT_EQ(res.heavy_level[t] <= j, is_heavy(s[t] - c, lt));
+        ASSERT_EQ(res.heavy_level[t] <= j, is_heavy(x_of(t), lt));
       }
     }
     EXPECT_EQ(res.exact_set, exact_set);
     std::size_t prev_total = 0;
-    for (int j = 0; j <= opt.max_levels; ++j) {
+    for (int j = 0; j <= J; ++j) {
       std::size_t heavy = 0, light = 0;
       for (std::size_t t = 0; t + window < n; ++t) {
         if (res.heavy_level[t] < 0) continue;

@@ -1,11 +1,15 @@
-// Theorem 1: E D^ = D and E N^ = N at every fixed level, with Var D^ = sum_A tau w (1 - w/tau).
+// Theorem 1: E D^ = D and E N^ = N at every fixed level, with Var D^ = sum_A tau w (1 - w/tau)
+// under plain PPS (the classic certificate), and with Var D^ = sum_A (tau kappa)^2 p (1 - p),
+// p = w / (kappa tau), under the tight certificate's value-aware design (docs/certificate.md);
+// both certificates run every test.
 //
 // D^ and N^ are recomputed here from the reference's sample_level / heavy_level and exact
 // scores (an independent re-implementation of the Horvitz–Thompson sums, checked against the
 // reference's own trace), over many seeds and steps; their means must lie within 5.3
 // standard errors of the exact D and N (standard errors from the exact variances). Each such
 // assertion fails a correct implementation with probability ~1.2e-7 (normal approximation,
-// 12000-24000 draws); with 39 of them the file's false-failure probability is < 1e-5.
+// 12000-24000 draws); with 78 of them the file's false-failure probability is < 1e-5.
+#include <certattn/certificate.hpp>
 #include <certattn/exact.hpp>
 #include <certattn/reference.hpp>
 
@@ -45,7 +49,7 @@ fixture make_fixture(std::uint64_t seed, std::size_t n, std::size_t d, std::size
   return f;
 }
 
-void check_unbiased(const fixture& f, int grid_ratio, int max_levels,
+void check_unbiased(const fixture& f, certificate_kind kind, int grid_ratio, int max_levels,
                     const std::vector<int>& levels, std::size_t draws) {
   const auto kv = make_matrix_view(f.keys.data(), f.n, f.d);
   const auto vv = make_matrix_view(f.values.data(), f.n, f.d);
@@ -54,17 +58,30 @@ void check_unbiased(const fixture& f, int grid_ratio, int max_levels,
   opt.window = f.window;
   opt.grid_ratio = grid_ratio;
   opt.max_levels = max_levels;
+  opt.certificate = kind;
   opt.epsilon = 1e-12;  // never certifies: the trace covers every level
+  // Levels of the tight grid count from its top: the tested levels are relative to tau = 1.
+  const int top_levels = opt.coarse_levels(), J = opt.total_levels();
   const double scale = opt.effective_softmax_scale(f.d);
   const exact_result ex = exact_attention(q, kv, vv, scale);
   const std::vector<double> s = exact_scores(q, kv, scale);
-  const double c = ex.max_score;
+  // Weights in the level loop's units: relative to c + the grid's shift.
+  const double c = ex.max_score + grid_shift(opt.top_halvings());
   const std::size_t pool_end = f.n - f.window, d = f.d;
   auto v = [&](std::size_t t, std::size_t i) { return double(to_float(f.values[t * d + i])); };
+  // The design's offsets and HT weights kappa (1 and 0 under plain PPS).
+  const std::vector<float> center = value_mean(vv, f.n);
+  std::vector<float> dist(f.n);
+  for (std::size_t t = 0; t < f.n; ++t) dist[t] = value_distance_bound(vv.row(t), center, d);
+  const sampling_design design = make_sampling_design(opt, reach_floor_from(dist), 0.0, center);
 
-  const double D = ex.denominator;
-  std::vector<double> N(d);
-  for (std::size_t i = 0; i < d; ++i) N[i] = ex.output[i] * D;
+  double D = 0.0;
+  std::vector<double> N(d, 0.0);
+  for (std::size_t t = 0; t < f.n; ++t) {
+    const double w = std::exp(s[t] - c);
+    D += w;
+    for (std::size_t i = 0; i < d; ++i) N[i] += w * v(t, i);
+  }
 
   // Tokens of the exact set (value outliers, heavy_level -1) are read exactly, never sampled.
   const reference_result first = reference_attend(q, kv, vv, opt, noise_key{});
@@ -79,18 +96,21 @@ void check_unbiased(const fixture& f, int grid_ratio, int max_levels,
   };
   std::vector<level_stats> ls(levels.size());
   for (std::size_t a = 0; a < levels.size(); ++a) {
-    const double tau = tau_of(levels[a], grid_ratio);
+    const int j = levels[a] + top_levels;
+    const double tau = tau_of(j, grid_ratio);
     ls[a].var_n.assign(d, 0.0);
     ls[a].sum_n.assign(d, 0.0);
     double k4 = 0.0;
     for (std::size_t t = 0; t < pool_end; ++t) {
       const double w = std::exp(s[t] - c);
-      if (w >= tau || in_exact_set(t)) continue;
-      const double p = w / tau;
+      if (in_exact_set(t) || is_heavy((s[t] - c) + design.offset(dist[t]), ln_tau(j, grid_ratio)))
+        continue;
+      const double ht = tau * design.weight(dist[t]);  // the HT weight of a sampled light key
+      const double p = w / ht;
       ++ls[a].light;
-      ls[a].var_d += tau * tau * p * (1.0 - p);
-      k4 += std::pow(tau, 4) * p * (1.0 - p) * (1.0 - 6.0 * p * (1.0 - p));
-      for (std::size_t i = 0; i < d; ++i) ls[a].var_n[i] += tau * tau * p * (1.0 - p) * v(t, i) * v(t, i);
+      ls[a].var_d += ht * ht * p * (1.0 - p);
+      k4 += std::pow(ht, 4) * p * (1.0 - p) * (1.0 - 6.0 * p * (1.0 - p));
+      for (std::size_t i = 0; i < d; ++i) ls[a].var_n[i] += ht * ht * p * (1.0 - p) * v(t, i) * v(t, i);
     }
     ls[a].mu4_d = k4 + 3.0 * ls[a].var_d * ls[a].var_d;
   }
@@ -101,18 +121,19 @@ void check_unbiased(const fixture& f, int grid_ratio, int max_levels,
     opt.seed = draw % 2 ? 1000003 * draw : 77;
     const noise_key nk{draw % 2 ? 5 : draw, 2, 1};
     const reference_result res = reference_attend(q, kv, vv, opt, nk);
-    ASSERT_EQ(res.max_score, c);
+    ASSERT_EQ(res.max_score, ex.max_score);
     ASSERT_EQ(res.exact_set, first.exact_set);
-    ASSERT_EQ(res.trace.size(), std::size_t(max_levels + 1));
+    ASSERT_EQ(res.trace.size(), std::size_t(J + 1));
     for (std::size_t a = 0; a < levels.size(); ++a) {
-      const int j = levels[a];
+      const int j = levels[a] + top_levels;
       const double tau = tau_of(j, grid_ratio);
       double d_hat = 0.0;
       std::fill(n_hat.begin(), n_hat.end(), 0.0);
       for (std::size_t t = 0; t < f.n; ++t) {
         double weight = 0.0;
         if (t >= pool_end || res.heavy_level[t] <= j) weight = std::exp(s[t] - c);  // exact
-        else if (res.sample_level[t] <= j) weight = tau;  // light and sampled: HT weight
+        else if (res.sample_level[t] <= j)  // light and sampled: HT weight tau kappa
+          weight = tau * design.weight(dist[t]);
         if (weight == 0.0) continue;
         d_hat += weight;
         for (std::size_t i = 0; i < d; ++i) n_hat[i] += weight * v(t, i);
@@ -132,8 +153,8 @@ void check_unbiased(const fixture& f, int grid_ratio, int max_levels,
   for (std::size_t a = 0; a < levels.size(); ++a) {
     const auto& l = ls[a];
     const double mean_d = l.sum_d / S;
-    std::printf("level %2d  light %4zu (exact set %zu)  D %.6f  mean D^ %.6f  (%.2f se)  var ratio %.4f\n",
-                levels[a], l.light, first.exact_set, D, mean_d, (mean_d - D) / std::sqrt(l.var_d / S),
+    std::printf("%s level %2d  light %4zu (exact set %zu)  D %.6f  mean D^ %.6f  (%.2f se)  var ratio %.4f\n",
+                std::string(to_string(kind)).c_str(), levels[a], l.light, first.exact_set, D, mean_d, (mean_d - D) / std::sqrt(l.var_d / S),
                 l.sumsq_d / S / l.var_d);
     ASSERT_GT(l.var_d, 0.0) << "level " << levels[a] << " has no randomness: pick another";
     EXPECT_NEAR(mean_d, D, kZ * std::sqrt(l.var_d / S)) << "E D^ != D at level " << levels[a];
@@ -143,18 +164,20 @@ void check_unbiased(const fixture& f, int grid_ratio, int max_levels,
     // The second moment about the true D is the exact variance (independent inclusions):
     // Var of the mean of (D^ - D)^2 is (mu4 - var^2) / S.
     EXPECT_NEAR(l.sumsq_d / S, l.var_d, kZ * std::sqrt((l.mu4_d - l.var_d * l.var_d) / S))
-        << "Var D^ != sum tau w (1 - w/tau) at level " << levels[a];
+        << "Var D^ != its exact variance at level " << levels[a];
   }
 }
 
 TEST(Unbiased, DenominatorAndNumeratorAtFixedLevels) {
   const fixture f = make_fixture(1, 320, 4, 16, 2.5);
-  check_unbiased(f, 2, 14, {2, 5, 9, 14}, 24000);
+  for (certificate_kind k : {certificate_kind::kClassic, certificate_kind::kTight})
+    check_unbiased(f, k, 2, 14, {2, 5, 9, 14}, 24000);
 }
 
 TEST(Unbiased, FinerGridAndLongerPool) {
   const fixture f = make_fixture(2, 1200, 3, 64, 3.5);
-  check_unbiased(f, 3, 18, {4, 12, 18}, 12000);
+  for (certificate_kind k : {certificate_kind::kClassic, certificate_kind::kTight})
+    check_unbiased(f, k, 3, 18, {4, 12, 18}, 12000);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 // single dominant key, a context barely longer than the window, a constant pool far from
 // the window's values.
 //
+// Both certificates (tight and classic) run, alternating over queries and repeats.
+//
 // Each call uses its own seed, so given the (fixed) caches and queries the violation
 // indicators are independent with P <= delta each: their count is stochastically below
 // Binomial(calls, delta). A one-sided binomial test at level 1e-6 per count (12 counts:
@@ -105,10 +107,14 @@ void run_call(std::span<const float> q, matrix_view<T> kv, matrix_view<T> vv,
   double err = 0.0;
   bool bound_ok = true;
   switch (opt.scale) {
-    case error_scale::kDenominator:
-      err = std::abs(lr.d_hat - D) / D;
-      bound_ok = std::abs(lr.d_hat - D) <= lr.dD * (1.0 + 1e-9) && lr.d_lo <= D * (1.0 + 1e-12);
+    case error_scale::kDenominator: {
+      // The trace's weights are relative to c + the grid's shift (2^-top of D's units).
+      const double unit = std::ldexp(1.0, opt.top_halvings());
+      err = std::abs(res.cert.denominator - D) / D;
+      bound_ok = std::abs(lr.d_hat * unit - D) <= lr.dD * unit * (1.0 + 1e-9) &&
+                 lr.d_lo * unit <= D * (1.0 + 1e-12);
       break;
+    }
     case error_scale::kOutputNorm:
       err = err_o / ex.output_norm;
       bound_ok = err_o <= lr.beta * (1.0 + 1e-9);
@@ -190,7 +196,10 @@ TEST(Validity, SyntheticRegimesScalesEpsilonsContexts) {
       for (std::size_t qi = 0; qi < plan.queries; ++qi) {
         const std::vector<float> q = synthetic::make_queries(cache, 0, 1, qi);
         const noise_key nk{qi, 0, 0};
-        run_query(std::span<const float>(q), kv, vv, options{}, cfg.seed, nk, per_ctx,
+        options base;  // both certificates, alternating over regimes and queries
+        base.certificate =
+            (regime_index + qi) % 2 ? certificate_kind::kTight : certificate_kind::kClassic;
+        run_query(std::span<const float>(q), kv, vv, base, cfg.seed, nk, per_ctx,
                   std::string(synthetic::to_string(kind)) + " n " + std::to_string(plan.n) +
                       " query " + std::to_string(qi));
       }
@@ -350,6 +359,7 @@ TEST(Validity, AdversarialCaches) {
       base.softmax_scale = c.softmax_scales[qi];
       for (std::size_t rep = 0; rep < repeats; ++rep) {
         const noise_key nk{qi * 1000 + rep, 1, 0};
+        base.certificate = rep % 2 ? certificate_kind::kClassic : certificate_kind::kTight;
         run_query(std::span<const float>(c.queries[qi]), kv, vv, base, 7777 + cache_index, nk,
                   per, c.name + " query " + std::to_string(qi) + " rep " + std::to_string(rep));
       }

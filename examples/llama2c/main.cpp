@@ -179,6 +179,7 @@ class certattn_attention {
         index_.emplace_back(hs_);
         index_.back().reserve(std::size_t(c.seq_len));
       }
+    level_hints_.assign(index_.size() * G_, -1);
   }
   void set_delta(double delta) { opt_.delta = delta; }
   const certattn::options& options() const { return opt_; }
@@ -221,9 +222,13 @@ class certattn_attention {
       const auto kv = view(layer, n, h);
       const certattn::noise_key nk{step_, std::uint32_t(layer), std::uint32_t(h)};
       const auto t1 = clock_type::now();
+      // The level each query head stopped at in the previous step: the tight certificate
+      // spends most of delta around it.
+      const std::span<int> hints(level_hints_.data() + slot(layer, h) * G_, G_);
       certattn::attend_group(q.subspan(h * G_ * hs_, G_ * hs_), G_, kv, index_[slot(layer, h)], nk,
                              opt_, out.subspan(h * G_ * hs_, G_ * hs_),
-                             std::span<certattn::certificate>(certs_.data(), G_), ws_);
+                             std::span<certattn::certificate>(certs_.data(), G_), ws_, hints);
+      for (std::size_t g = 0; g < G_; ++g) hints[g] = certs_[g].level;
       tally_.attend_seconds += seconds_since(t1);
       const certattn::group_stats& st = ws_.last_stats();
       tally_.bytes_read += st.bytes_read;
@@ -267,6 +272,7 @@ class certattn_attention {
   certattn::attend_workspace ws_;
   std::array<certattn::certificate, 64> certs_{};
   std::vector<certattn::key_index> index_;  // [layer][kv_head]
+  std::vector<int> level_hints_;            // [layer][kv_head][G]: last step's levels
   std::uint64_t step_ = 0;
   certattn_tally tally_;
 };

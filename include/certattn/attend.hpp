@@ -86,7 +86,7 @@ struct stage_clock {
 class attend_workspace {
  public:
   attend_workspace(std::size_t group, std::size_t head_dim, std::size_t max_tokens,
-                   int max_levels = options{}.max_levels)
+                   int max_levels = options{}.total_levels())
       : group_(group), d_(head_dim), dp_((head_dim + 7) / 8 * 8), cap_(max_tokens),
         levels_(max_levels) {
     if (group == 0) throw error("attend_workspace: group must be > 0");
@@ -106,6 +106,7 @@ class attend_workspace {
     fixed_stride_ = max_tokens + 1;
     fixed_scores_.reset(new double[group * fixed_stride_]);
     head_c_.assign(group, 0.0);
+    head_max_.assign(group, 0.0);
     head_max_keys_.assign(group, 0);
     window_weight_.assign(group, 0.0);
     window_sq_.assign(group, 0.0);
@@ -172,7 +173,8 @@ class attend_workspace {
   std::vector<detail::block_query_prep> prep_;
   std::size_t fixed_stride_ = 0;
   std::unique_ptr<double[]> fixed_scores_;  // [group][fixed_stride]: window, then exact set
-  std::vector<double> head_c_;              // [group] c of each head
+  std::vector<double> head_c_;              // [group] the weights' reference c + shift
+  std::vector<double> head_max_;            // [group] c of each head (the maximum score)
   std::vector<std::size_t> head_max_keys_;  // [group] keys the max stage read exactly
   std::vector<double> window_weight_, window_sq_;  // [group] sums over window + exact set
   large_vector<std::uint32_t> cand_idx_, bucket_;
@@ -194,6 +196,8 @@ class attend_workspace {
   std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
   std::vector<double> window_num_;  // [group][head_dim]
   std::vector<double> center_;      // [head_dim] the index's value centre g (level_sums)
+  sampling_design design_;          // this call's (certificate.hpp)
+  const float* dist_ = nullptr;     // the index's ||v_t - g|| bounds, per token
   group_stats stats_;
   dense_workspace dense_ws_;  // the exact fallback's
   bool record_ = false;
@@ -222,6 +226,7 @@ struct detail_attend {
   /// Per-head running sums of the level loop.
   struct head_state {
     double exact_weight = 0.0, exact_sq = 0.0, light_sq = 0.0;
+    double light_mass = 0.0, light_h = 0.0, light_hw = 0.0, light_t = 0.0;  // level_sums
     std::size_t light_count = 0, heavy = 0, keys_read = 0, values_read = 0, refined = 0;
     std::int32_t free_node = 0;
   };
@@ -338,8 +343,10 @@ struct detail_attend {
     detail::candidate_params p;
     p.c = std::nextafter(float(c), -INFINITY);  // below c: y only grows
     // Each of the three float roundings errs by at most 2^-24 of its operand, all of
-    // which stay within |c| + 80 for any token that can reach ln tau_J >= -180.
-    p.slack = float((std::fabs(c) + 256.0) * 0x1p-21);
+    // which stay within |c| + 80 for any token that can reach ln tau_J >= -180; within
+    // |c| + 640 when E_up carries value-aware offsets (ln(rho / rho_bar) < 192 for float
+    // distances; an infinite one is stored as 2^64, and y then passes every threshold).
+    p.slack = float((std::fabs(c) + (ws.design_.value_aware ? 1024.0 : 256.0)) * 0x1p-21);
     p.threshold = float(ln_tau(last, opt.grid_ratio));
     // A later pass keeps only what the earlier one (down to level first - 1) did not.
     p.upper = first == 0 ? INFINITY : float(ln_tau(first - 1, opt.grid_ratio));
@@ -424,8 +431,15 @@ struct detail_attend {
       st.exact_weight += w;
       st.exact_sq += w * add_centered(kv.value(t), w, ws.exact_num_.data(), ws).sq;
     } else {
+      const float dist = ws.dist_[t];
+      const double kappa = ws.design_.weight(dist), rho = ws.design_.reach(dist);
+      const detail::row_norms nv = add_centered(kv.value(t), kappa, ws.light_sum_.data(), ws);
       ++st.light_count;
-      st.light_sq += add_centered(kv.value(t), 1.0, ws.light_sum_.data(), ws).centered_sq;
+      st.light_sq += nv.centered_sq;
+      st.light_mass += kappa;
+      st.light_h += kappa * per_reach(nv.centered_sq, rho);
+      st.light_hw += w * per_reach(nv.centered_sq, rho);
+      st.light_t += kappa * nv.sq;
       if (heavy_level <= opt.max_levels)
         push(ws, st, ws.transition_head_, std::size_t(heavy_level), std::uint32_t(t), s, kScored);
     }
@@ -440,7 +454,7 @@ struct detail_attend {
     // take the logarithm only when the bracket straddles a grid point (about 6% of keys at
     // grid ratio 2). Either way the level is the one earliest_level(s - c + E) gives.
     const std::uint64_t bits = pert.bits(t);
-    const double x = s - c;
+    const double x = (s - c) + ws.design_.offset(ws.dist_[t]);  // as reference_attend()
     const float upper = perturbation::exp1_upper_from_bits(bits);
     int ls = earliest_level(x + double(upper), opt.grid_ratio, opt.max_levels);
     if (ls != earliest_level(x + double(perturbation::exp1_lower_from_bits(bits, upper)),
@@ -453,7 +467,7 @@ struct detail_attend {
     }
     if (ls < level) ++ws.stats_.bound_violations;  // the bounds promised otherwise
     ws.to_include_[n_include++] = {std::uint32_t(t),
-                                   earliest_level(s - c, opt.grid_ratio, opt.max_levels), s};
+                                   earliest_level(x, opt.grid_ratio, opt.max_levels), s};
   }
 
   /// The 8-bit stage of a new candidate with 8-bit bound u8 (scaled): true when its exact
@@ -574,11 +588,19 @@ struct detail_attend {
       const node& nd = ws.nodes_[std::size_t(k)];
       const double w = std::exp(nd.score - c);
       const auto* v = kv.value(nd.token);
-      // light_sum -= v - g (an fma with -1 is exact subtraction), exact_num += w (v - g).
-      const detail::row_norms nv = add_centered(v, -1.0, ws.light_sum_.data(), ws);
+      const float dist = ws.dist_[nd.token];
+      const double kappa = ws.design_.weight(dist), rho = ws.design_.reach(dist);
+      // light_sum -= kappa (v - g), exact_num += w (v - g).
+      const detail::row_norms nv = add_centered(v, -kappa, ws.light_sum_.data(), ws);
       add_centered(v, w, ws.exact_num_.data(), ws);
       --st.light_count;
       st.light_sq -= nv.centered_sq;
+      st.light_mass -= kappa;
+      st.light_h -= kappa * per_reach(nv.centered_sq, rho);
+      st.light_hw -= w * per_reach(nv.centered_sq, rho);
+      st.light_t -= kappa * nv.sq;
+      if (st.light_count == 0)  // no rounding residue where the sums are empty
+        st.light_mass = st.light_h = st.light_hw = st.light_t = 0.0;
       ++st.heavy;
       st.exact_weight += w;
       st.exact_sq += w * nv.sq;
@@ -623,9 +645,14 @@ struct detail_attend {
   // ---- the call, stage by stage -------------------------------------------------------
   template <kv_view KV>
   static void run(std::span<const float> queries, std::size_t group, const KV& kv,
-                  const key_index& idx, const noise_key& nk, const options& opt,
-                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws) {
+                  const key_index& idx, const noise_key& nk, const options& user_opt,
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                  std::span<const int> level_hints) {
     using T = typename KV::element_type;
+    // Every stage works on the shifted grid: levels 0..total_levels(), weights relative
+    // to c + shift (head_c_), the coarsest threshold 1 (options.hpp, shifted_grid()).
+    const options opt = shifted_grid(user_opt);
+    const int top = user_opt.top_halvings();
     const std::size_t n = kv.size(), d = kv.head_dim();
     const isa which = active_isa();
     const double scale = opt.effective_softmax_scale(d);
@@ -645,9 +672,16 @@ struct detail_attend {
     detail::stage_clock clock;
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     for (std::size_t i = 0; i < d; ++i) ws.center_[i] = radius.center_at(i);
+    ws.design_ = make_sampling_design(opt, idx.reach_floor(), idx.value_distance_max(pool_end),
+                                      idx.value_center());
+    ws.dist_ = idx.value_distances();
     const std::size_t W = n - pool_end;
-    // The exact set (value outliers) inside the pool: read exactly, never sampled.
-    std::span<const std::uint32_t> xs = idx.exact_tokens();
+    // The exact set inside the pool: read exactly, never sampled. The classic certificate's
+    // holds the value outliers; the tight one samples those by their reach and reads only
+    // the values whose distance overflowed float.
+    std::span<const std::uint32_t> xs = opt.certificate == certificate_kind::kClassic
+                                            ? idx.exact_tokens()
+                                            : idx.overflow_tokens();
     xs = xs.first(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(pool_end)) - xs.begin()));
     fixed_scores(kv, queries.data(), group, d, scale, pool_end, xs, ws, which);
     clock.lap(stats.stage_seconds[0]);
@@ -659,6 +693,17 @@ struct detail_attend {
     else
 #endif
       detail::fill_exp1_upper_scalar(pert.key(), pool_end, ws.e_up_.data());
+    // Value-aware sampling adds ln(rho_t / rho_bar) to every perturbed score: fold its
+    // float upper bound into E_up (rounded up), so that the candidate and 8-bit stages
+    // bound the perturbed score unchanged.
+    if (ws.design_.value_aware) {
+#if CERTATTN_X86
+      if (which == isa::kAvx512Vnni)
+        detail::add_offsets_upper_avx512(ws.e_up_.data(), idx.sampling_offsets_upper(), pool_end);
+      else
+#endif
+        detail::add_offsets_upper_scalar(ws.e_up_.data(), idx.sampling_offsets_upper(), pool_end);
+    }
     clock.lap(stats.stage_seconds[3]);
 
     for (std::size_t g = 0; g < group; ++g)
@@ -675,6 +720,8 @@ struct detail_attend {
                                                window_max, st, which)
                                    : window_max;
       ws.head_max_keys_[g] = st.keys_read;
+      ws.head_max_[g] = ws.head_c_[g];
+      ws.head_c_[g] += grid_shift(top);
     }
     fixed_sums(kv, group, pool_end, xs, ws);
     clock.lap(stats.stage_seconds[2]);
@@ -701,8 +748,8 @@ struct detail_attend {
         for (std::size_t i = 0; i < d; ++i)
           o[i] = float(radius.center_at(i) + window_num[i] / window_weight);
         cert.certified = cert.exact = true;
-        cert.max_score = c;
-        cert.denominator = window_weight;
+        cert.max_score = ws.head_max_[g];
+        cert.denominator = std::ldexp(window_weight, top);
         done = true;
       } else {
         const int first_last = first_pass_levels(opt);
@@ -732,17 +779,23 @@ struct detail_attend {
           sums.light_count = st.light_count;
           sums.light_sum = ws.light_sum_;
           sums.light_sq = st.light_sq;
-          const level_result lr = certify_level(sums, radius, opt, ws.o_hat_, ws.c0_);
+          sums.light_mass = st.light_mass;
+          sums.light_h = st.light_h;
+          sums.light_hw = st.light_hw;
+          sums.light_t = st.light_t;
+          const int hint = level_hints.empty() ? -1 : level_hints[g];
+          const level_result lr =
+              certify(sums, radius, ws.design_, opt, j, hint, ws.o_hat_, ws.c0_);
           if (lr.certified) {
             for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.o_hat_[i]);
             cert.certified = true;
             cert.level = j;
-            cert.tau = sums.tau;
+            cert.tau = std::ldexp(sums.tau, top);  // relative to the largest weight
             cert.bound = lr.bound;
             cert.beta = lr.beta;
             cert.scale_value = lr.scale_value;
-            cert.max_score = c;
-            cert.denominator = lr.d_hat;
+            cert.max_score = ws.head_max_[g];
+            cert.denominator = std::ldexp(lr.d_hat, top);
             cert.heavy = st.heavy;
             cert.sampled = st.light_count;
             done = true;
@@ -753,8 +806,8 @@ struct detail_attend {
       stats.candidates += pool_end > xs.size() ? m : 0;
       if (!done) {
         if (ws.record_) ws.recorded_[g].clear();
-        cert.denominator = exact_head(kv, q, scale, c, o, ws);
-        cert.max_score = c;
+        cert.denominator = exact_head(kv, q, scale, ws.head_max_[g], o, ws);
+        cert.max_score = ws.head_max_[g];
         cert.exact = true;
         cert.level = -1;
         st.keys_read = n;
@@ -793,10 +846,15 @@ struct detail_attend {
 ///   out [group][head_dim], certs [group]. The workspace is the caller's: a call within
 ///   its sizes allocates nothing. Single-threaded and reentrant; calls on different
 ///   groups may run concurrently, also on one shared index.
+///   level_hints: empty, or [group] the level each head stopped at in this (layer, KV
+///   head)'s previous step (certificate::level; -1 for none). The tight certificate
+///   spends most of delta around it (level_delta_share()), which lets heads stop with
+///   fewer keys; any value is valid, since it is fixed before the perturbations.
 template <kv_view KV>
 void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
                   const key_index& idx, const noise_key& nk, const options& opt,
-                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws) {
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                  std::span<const int> level_hints = {}) {
   validate(opt);
   const std::size_t n = kv.size(), d = kv.head_dim();
   validate_shape(opt, n, d);
@@ -810,6 +868,9 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
   if (certs.size() != group)
     throw error("certs has " + std::to_string(certs.size()) + " elements, expected group = " +
                 std::to_string(group));
+  if (!level_hints.empty() && level_hints.size() != group)
+    throw error("level_hints has " + std::to_string(level_hints.size()) +
+                " elements, expected 0 or group = " + std::to_string(group));
   if (idx.head_dim() != d)
     throw error("idx head_dim (" + std::to_string(idx.head_dim()) + ") != kv.head_dim() (" +
                 std::to_string(d) + ")");
@@ -817,11 +878,14 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
     throw error("idx.size() (" + std::to_string(idx.size()) + ") != kv.size() (" +
                 std::to_string(n) + "): append every new token to the index");
   if (group > ws.group() || d != ws.head_dim() || n > ws.max_tokens() ||
-      opt.max_levels > ws.max_levels())
+      opt.total_levels() > ws.max_levels())
     throw error("ws (attend_workspace) is sized for group " + std::to_string(ws.group()) +
                 ", head_dim " + std::to_string(ws.head_dim()) + ", " +
                 std::to_string(ws.max_tokens()) + " tokens, " + std::to_string(ws.max_levels()) +
-                " levels: too small for this call");
+                " levels: too small for this call (group " + std::to_string(group) +
+                ", head_dim " + std::to_string(d) + ", " + std::to_string(n) +
+                " tokens, levels options.total_levels() = " + std::to_string(opt.total_levels()) +
+                ")");
   if (opt.window > 64) throw error("options.window must be <= 64 for attend_group");
   for (float x : queries)
     if (!std::isfinite(x)) throw error("queries contain a NaN or Inf");
@@ -841,7 +905,7 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
     }
   }
 
-  detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws);
+  detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws, level_hints);
 }
 
 }  // namespace certattn

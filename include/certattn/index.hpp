@@ -56,7 +56,9 @@ class key_index {
     rho_.reserve(nb * kBlockTokens);
     scales_.reserve(nb * 3 * dp_);
     dist_.reserve(nb * kBlockTokens);
+    offset_up_.reserve(nb * kBlockTokens);
     block_prefix_max_.reserve(nb);
+    block_prefix_max_all_.reserve(nb);
   }
 
   /// Indexes every token of kv (after prefill) and fixes the value bounds (centre g, cap,
@@ -115,8 +117,11 @@ class key_index {
       return;
     }
     dist_.resize(blocks() * kBlockTokens, 0.0f);
+    offset_up_.resize(blocks() * kBlockTokens, 0.0f);
     dist_[position] = value_distance_bound(kv.value(position), center_, d_);
+    offset_up_[position] = sampling_offset_upper(dist_[position], reach_floor_);
     if (dist_[position] > cap_) exact_.push_back(std::uint32_t(position));
+    if (!std::isfinite(dist_[position])) overflow_.push_back(std::uint32_t(position));
     update_block_max(b);
   }
 
@@ -164,6 +169,29 @@ class key_index {
     return double(m);
   }
 
+  /// The reach floor rho_bar of value-aware sampling (value_bounds.hpp): the median of the
+  /// distances ||v - g|| when the value bounds were fixed.
+  float reach_floor() const noexcept { return reach_floor_; }
+  /// ||v_t - g|| rounded up to float, for every indexed token t.
+  float value_distance(std::size_t t) const noexcept { return dist_[t]; }
+  const float* value_distances() const noexcept { return dist_.data(); }
+  /// Per token, the float at or above ln(rho_t / rho_bar) (sampling_offset_upper()).
+  const float* sampling_offsets_upper() const noexcept { return offset_up_.data(); }
+  /// Tokens whose ||v - g|| overflowed float (values beyond float's range), in increasing
+  /// order: the tight certificate reads them exactly (the classic one's exact set holds
+  /// them too).
+  std::span<const std::uint32_t> overflow_tokens() const noexcept { return overflow_; }
+  /// max ||v_t - g|| over every t < pool_end whose distance is finite (exact set included).
+  double value_distance_max(std::size_t pool_end) const noexcept {
+    if (pool_end == 0) return 0.0;
+    pool_end = std::min(pool_end, n_);
+    const std::size_t b = pool_end / kBlockTokens;
+    float m = b > 0 ? block_prefix_max_all_[b - 1] : 0.0f;
+    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t)
+      if (std::isfinite(dist_[t])) m = std::max(m, dist_[t]);
+    return double(m);
+  }
+
   /// max |k| over every indexed key element: the certified call checks with it that the
   /// scores stay within the range its float bounds can represent.
   float max_abs_key() const noexcept { return max_abs_key_; }
@@ -171,9 +199,10 @@ class key_index {
   /// Bytes held by the index (capacity excluded).
   std::size_t memory_bytes() const noexcept {
     return codes4_.size() + codes8_.size() + rho_.size() +
-           sizeof(float) * (scales_.size() + dist_.size() + block_prefix_max_.size() +
+           sizeof(float) * (scales_.size() + dist_.size() + offset_up_.size() +
+                            block_prefix_max_.size() + block_prefix_max_all_.size() +
                             center_.size()) +
-           sizeof(std::uint32_t) * exact_.size();
+           sizeof(std::uint32_t) * (exact_.size() + overflow_.size());
   }
 
  private:
@@ -208,6 +237,7 @@ class key_index {
     rho_.resize(nb * kBlockTokens, 0);
     scales_.resize(nb * 3 * dp_, 0.0f);
     block_prefix_max_.resize(nb, 0.0f);
+    block_prefix_max_all_.resize(nb, 0.0f);
   }
 
   /// The largest q in [0, qmax] with lo + st q <= k; then k <= lo + st (q + 1) as
@@ -366,13 +396,17 @@ class key_index {
     for (std::size_t t = t0; t < t1; ++t) encode_token(rows_.data() + (t - t0) * d_, b, t - t0);
   }
 
-  /// Prefix maxima of the distances outside the exact set, blocks 0..b.
+  /// Prefix maxima of the distances, outside the exact set and all finite, blocks 0..b.
   void update_block_max(std::size_t b) noexcept {
     float m = b > 0 ? block_prefix_max_[b - 1] : 0.0f;
+    float m_all = b > 0 ? block_prefix_max_all_[b - 1] : 0.0f;
     const std::size_t t0 = b * kBlockTokens, t1 = std::min(n_, t0 + kBlockTokens);
-    for (std::size_t t = t0; t < t1; ++t)
+    for (std::size_t t = t0; t < t1; ++t) {
       if (dist_[t] <= cap_) m = std::max(m, dist_[t]);
+      if (std::isfinite(dist_[t])) m_all = std::max(m_all, dist_[t]);
+    }
     block_prefix_max_[b] = m;
+    block_prefix_max_all_[b] = m_all;
   }
 
   /// Centre = mean of all values now, distances, cap, exact set, prefix maxima.
@@ -393,10 +427,19 @@ class key_index {
       dist_[t] = value_distance_bound(check_.data(), center_, d_);
     }
     cap_ = value_cap_from(std::vector<float>(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_)));
-    exact_.clear();
+    reach_floor_ =
+        reach_floor_from(std::vector<float>(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_)));
+    offset_up_.assign(blocks() * kBlockTokens, 0.0f);
     for (std::size_t t = 0; t < n_; ++t)
+      offset_up_[t] = sampling_offset_upper(dist_[t], reach_floor_);
+    exact_.clear();
+    overflow_.clear();
+    for (std::size_t t = 0; t < n_; ++t) {
       if (dist_[t] > cap_) exact_.push_back(std::uint32_t(t));
+      if (!std::isfinite(dist_[t])) overflow_.push_back(std::uint32_t(t));
+    }
     block_prefix_max_.assign(blocks(), 0.0f);
+    block_prefix_max_all_.assign(blocks(), 0.0f);
     for (std::size_t b = 0; b < blocks(); ++b) update_block_max(b);
     next_refresh_ = std::max(2 * n_, kMinTokensForCap);
   }
@@ -405,7 +448,9 @@ class key_index {
   bool built_ = false;
   float max_abs_key_ = 0.0f;
   float cap_ = std::numeric_limits<float>::infinity();
+  float reach_floor_ = 1.0f;
   std::vector<std::uint32_t> exact_;      // the exact set: tokens with dist_ > cap_
+  std::vector<std::uint32_t> overflow_;   // tokens with dist_ = +inf
   // Scratch of the encoder (not part of the index's state).
   std::vector<float> rows_, row_, mins_, maxs_, check_;
   std::vector<double> inv4_, inv8_;
@@ -417,7 +462,9 @@ class key_index {
   large_vector<std::uint8_t> rho_;        // [tokens (block-padded)] residual norm bytes
   large_vector<float> scales_;            // [blocks][lo, st4, st8][padded_dim]
   large_vector<float> dist_;              // [tokens (block-padded)] ||v_t - g|| rounded up
+  large_vector<float> offset_up_;         // [tokens (block-padded)] ln(rho_t / rho_bar), up
   std::vector<float> block_prefix_max_;   // [blocks] max of dist_ <= cap_ over blocks 0..b
+  std::vector<float> block_prefix_max_all_;  // [blocks] max of finite dist_ over blocks 0..b
   std::vector<float> center_;             // [head_dim] g
 };
 

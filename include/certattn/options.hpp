@@ -36,6 +36,25 @@ inline error_scale error_scale_from_string(std::string_view s) {
               "' (expected denominator, output_norm or value_scale)");
 }
 
+/// Which certificate a call computes (docs/certificate.md). Both state the same guarantee,
+/// P(certified and error > epsilon * scale) <= delta per call and head.
+///   kTight    value-aware sampling (probability proportional to w_i rho_i), a
+///             finite-population variance, a sample-based lower bound on the value scale,
+///             and delta spent around a level hint: fewer keys for the same guarantee.
+///   kClassic  the paper's certificate (ALGORITHM.md): plain PPS, uniform delta over the
+///             levels, value outliers read exactly. Kept to reproduce the paper's tables.
+enum class certificate_kind { kTight, kClassic };
+
+inline std::string_view to_string(certificate_kind k) noexcept {
+  return k == certificate_kind::kTight ? "tight" : k == certificate_kind::kClassic ? "classic" : "?";
+}
+
+inline certificate_kind certificate_kind_from_string(std::string_view s) {
+  if (s == "tight") return certificate_kind::kTight;
+  if (s == "classic") return certificate_kind::kClassic;
+  throw error("certificate: unknown name '" + std::string(s) + "' (expected tight or classic)");
+}
+
 /// Options of a certified call. A plain struct: set what you need, keep the defaults.
 struct options {
   double epsilon = 0.1;                         // target error, relative to `scale`
@@ -43,18 +62,50 @@ struct options {
   error_scale scale = error_scale::kValueScale;
   std::size_t window = 64;                      // newest tokens, always read exactly
   int grid_ratio = 2;                           // r: levels per halving of tau
-  int max_levels = 32;                          // J: levels 0..J, tau_J = 2^(-J/r)
+  int max_levels = 32;                          // J: the finest threshold is tau = 2^(-J/r)
+  int grid_top = 6;                             // tight: the coarsest threshold is 2^grid_top
   double softmax_scale = 0.0;                   // 0 means 1/sqrt(head_dim)
   std::uint64_t seed = 0;                       // perturbation seed, fixed before the call
+  certificate_kind certificate = certificate_kind::kTight;
 
-  /// The per-event failure budget delta / ((J+1) * 3): three events per level (count
-  /// interval, second-moment bound, numerator bound), union-bounded over all levels.
+  /// The classic certificate's per-event failure budget delta / ((J+1) * 3): three events
+  /// per level (count interval, second-moment bound, numerator bound), union-bounded over
+  /// all levels.
   double event_delta() const noexcept { return delta / (double(max_levels + 1) * 3.0); }
+
+  /// True when light keys are sampled in proportion to w_i rho_i (the tight certificate
+  /// on the output-norm and value scales; the denominator scale has no use for values).
+  bool value_aware() const noexcept {
+    return certificate == certificate_kind::kTight && scale != error_scale::kDenominator;
+  }
+
+  /// Levels above tau = 1: the tight certificate starts its grid at tau_0 = 2^grid_top
+  /// (grid_top * r more levels), so that heads with flat attention (weights near 1, whose
+  /// sum D is close to the token count) can stop at a threshold near D / (sample size)
+  /// instead of reading every key at tau = 1. The classic certificate starts at 1.
+  int top_halvings() const noexcept {
+    return certificate == certificate_kind::kTight ? grid_top : 0;
+  }
+  int coarse_levels() const noexcept { return top_halvings() * grid_ratio; }
+  /// The index of the finest level: levels 0..total_levels(), level j at threshold
+  /// tau = 2^(-(j - coarse_levels()) / r) relative to the largest weight.
+  int total_levels() const noexcept { return max_levels + coarse_levels(); }
 
   double effective_softmax_scale(std::size_t head_dim) const noexcept {
     return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
   }
 };
+
+/// The options in the units the level loop works in: weights relative to
+/// c + top_halvings() ln 2 (so that the coarsest threshold is 1 again) and the levels
+/// 0..total_levels(). Level j is the same threshold in both, so levels, hints and the
+/// per-level failure budget mean the same thing.
+inline options shifted_grid(const options& o) noexcept {
+  options s = o;
+  s.max_levels = o.total_levels();
+  s.grid_top = 0;
+  return s;
+}
 
 /// Throws certattn::error naming the first bad field.
 inline void validate(const options& o) {
@@ -66,9 +117,13 @@ inline void validate(const options& o) {
     throw error("options.grid_ratio must lie in [1, 64], got " + std::to_string(o.grid_ratio));
   if (o.max_levels < 0 || o.max_levels > 4096)
     throw error("options.max_levels must lie in [0, 4096], got " + std::to_string(o.max_levels));
+  if (o.grid_top < 0 || o.grid_top > 64)
+    throw error("options.grid_top must lie in [0, 64], got " + std::to_string(o.grid_top));
   if (!(o.softmax_scale >= 0.0) || !std::isfinite(o.softmax_scale))
     throw error("options.softmax_scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got " +
                 std::to_string(o.softmax_scale));
+  if (o.certificate != certificate_kind::kTight && o.certificate != certificate_kind::kClassic)
+    throw error("options.certificate is not a valid certificate_kind");
   switch (o.scale) {
     case error_scale::kDenominator:
     case error_scale::kOutputNorm:
@@ -91,8 +146,8 @@ struct certificate {
   bool certified = false;       // true: error <= epsilon * scale with prob >= 1 - delta
   bool exact = false;           // true: the output is exact attention (no level certified,
                                 //       or an empty pool): error 0
-  int level = -1;               // stopping level j, -1 when exact
-  double tau = 0.0;             // tau_j at the stopping level
+  int level = -1;               // stopping level j, -1 when exact (0 = the coarsest)
+  double tau = 0.0;             // its threshold, relative to the largest weight
   double bound = 0.0;           // certified error bound relative to its scale:
                                 //   beta / scale_value, or dD / D_lo on the denominator scale
   double beta = 0.0;            // absolute bound on ||o^ - o||

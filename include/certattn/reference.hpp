@@ -19,7 +19,9 @@
 
 namespace certattn {
 
-/// One row of the per-level trace.
+/// One row of the per-level trace, in the level loop's units: tau and every weighted sum
+/// of `bound` are relative to c + grid_shift(options::top_halvings()) (multiply by
+/// 2^top_halvings for weights relative to the largest one).
 struct level_trace {
   int level = 0;
   double tau = 0.0;
@@ -51,6 +53,11 @@ struct reference_extras {
   // The cap of the exact set; NaN means value_cap_from() over all tokens' distances.
   // Pass key_index::value_cap() to compare with the fast path.
   float value_cap = std::numeric_limits<float>::quiet_NaN();
+  // The reach floor of value-aware sampling; NaN means reach_floor_from() over all
+  // tokens' distances. Pass key_index::reach_floor() to compare with the fast path.
+  float reach_floor = std::numeric_limits<float>::quiet_NaN();
+  // The tight certificate's level hint (level_delta_share()); -1: none.
+  int level_hint = -1;
 };
 
 /// The certified estimate for query q over all rows of keys/values (token order: oldest
@@ -65,12 +72,15 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   detail::check_attention_inputs(q, keys, values);
 
   const std::size_t n = keys.rows, d = keys.cols, pool_end = n - opt.window;
-  const int J = opt.max_levels, r = opt.grid_ratio;
+  // The level loop's grid: levels 0..total_levels(), weights relative to c + shift.
+  const options grid = shifted_grid(opt);
+  const int J = grid.max_levels, r = opt.grid_ratio, top = opt.top_halvings();
   const std::vector<double> s = exact_scores(q, keys, opt.effective_softmax_scale(d));
 
   reference_result res;
   res.max_score = *std::max_element(s.begin(), s.end());
   const double c = res.max_score;  // a function of q and the cache only: no peeking
+  const double cw = c + grid_shift(top);  // the weights' reference: w_i = exp(s_i - cw)
 
   auto value = [&](std::size_t t, std::size_t i) { return to_double(values(t, i)); };
   auto value_sq = [&](std::size_t t) {
@@ -92,12 +102,22 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   std::vector<float> dist(n);
   for (std::size_t t = 0; t < n; ++t) dist[t] = value_distance_bound(values.row(t), center, d);
   res.value_cap = std::isnan(extras.value_cap) ? value_cap_from(dist) : extras.value_cap;
-  auto in_exact_set = [&](std::size_t t) { return t >= pool_end || dist[t] > res.value_cap; };
+  // The classic certificate reads value outliers exactly; the tight one samples them in
+  // proportion to their reach, and reads exactly only values whose distance overflowed.
+  const bool classic = opt.certificate == certificate_kind::kClassic;
+  auto in_exact_set = [&](std::size_t t) {
+    return t >= pool_end || (classic ? dist[t] > res.value_cap : !std::isfinite(dist[t]));
+  };
   // R(c0) = base + ||g - c0||, base = max over the pool (exact set excluded) of ||v_i - g||.
   double base = 0.0;
   for (std::size_t t = 0; t < pool_end; ++t)
     if (!in_exact_set(t)) base = std::max(base, double(dist[t]));
   const value_radius radius{base, center};
+  double pool_max_distance = 0.0;  // over the finite ones, as key_index::value_distance_max()
+  for (std::size_t t = 0; t < pool_end; ++t)
+    if (std::isfinite(dist[t])) pool_max_distance = std::max(pool_max_distance, double(dist[t]));
+  const float floor = std::isnan(extras.reach_floor) ? reach_floor_from(dist) : extras.reach_floor;
+  const sampling_design design = make_sampling_design(opt, floor, pool_max_distance, center);
   // The certificate's vector sums are deviations from g (level_sums).
   auto dev = [&](std::size_t t, std::size_t i) { return value(t, i) - double(center[i]); };
   auto dev_sq = [&](std::size_t t) {
@@ -112,7 +132,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   for (std::size_t t = 0; t < n; ++t) {
     if (!in_exact_set(t)) continue;
     if (t < pool_end) ++res.exact_set;
-    const double w = std::exp(s[t] - c);
+    const double w = std::exp(s[t] - cw);
     window_weight += w;
     window_sq += w * value_sq(t);
     for (std::size_t i = 0; i < d; ++i) window_num[i] += w * dev(t, i);
@@ -127,8 +147,11 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       res.heavy_level[t] = res.sample_level[t] = -1;
       continue;
     }
-    res.heavy_level[t] = earliest_level(s[t] - c, r, J);
-    res.sample_level[t] = earliest_level((s[t] - c) + pert.exp1(t), r, J);
+    // ln(w_i rho_i / rho_bar): the key's size in the PPS design (the offset is 0 under
+    // plain PPS, and then x = s - c exactly).
+    const double x = (s[t] - cw) + design.offset(dist[t]);
+    res.heavy_level[t] = earliest_level(x, r, J);
+    res.sample_level[t] = earliest_level(x + pert.exp1(t), r, J);
   }
 
   std::vector<double> exact_num(d), light_sum(d), o_hat(d), c0(d);
@@ -144,32 +167,38 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     for (std::size_t t = 0; t < pool_end; ++t) {
       if (res.heavy_level[t] < 0) continue;  // exact set: already in the window sums
       if (res.heavy_level[t] <= j) {  // heavy: exact weight
-        const double w = std::exp(s[t] - c);
+        const double w = std::exp(s[t] - cw);
         ++heavy;
         sums.exact_weight += w;
         sums.exact_sq += w * value_sq(t);
         for (std::size_t i = 0; i < d; ++i) exact_num[i] += w * dev(t, i);
-      } else if (res.sample_level[t] <= j) {  // light and sampled: weight tau
+      } else if (res.sample_level[t] <= j) {  // light and sampled: weight tau kappa
+        const double kappa = design.weight(dist[t]), rho = design.reach(dist[t]);
+        const double dsq = dev_sq(t);
         ++sums.light_count;
-        sums.light_sq += dev_sq(t);
-        for (std::size_t i = 0; i < d; ++i) light_sum[i] += dev(t, i);
+        sums.light_sq += dsq;
+        sums.light_mass += kappa;
+        sums.light_h += kappa * per_reach(dsq, rho);
+        sums.light_hw += std::exp(s[t] - cw) * per_reach(dsq, rho);
+        sums.light_t += kappa * value_sq(t);
+        for (std::size_t i = 0; i < d; ++i) light_sum[i] += kappa * dev(t, i);
       }
     }
     sums.exact_num = exact_num;
     sums.light_sum = light_sum;
-    const level_result lr = certify_level(sums, radius, opt, o_hat, c0);
+    const level_result lr = certify(sums, radius, design, grid, j, extras.level_hint, o_hat, c0);
     res.trace.push_back({j, tau, heavy, sums.light_count, lr});
     if (lr.certified) {
       res.output = o_hat;
       certificate& cert = res.cert;
       cert.certified = true;
       cert.level = j;
-      cert.tau = tau;
+      cert.tau = std::ldexp(tau, top);  // relative to the largest weight
       cert.bound = lr.bound;
       cert.beta = lr.beta;
       cert.scale_value = lr.scale_value;
       cert.max_score = c;
-      cert.denominator = lr.d_hat;
+      cert.denominator = std::ldexp(lr.d_hat, top);
       cert.heavy = heavy;
       cert.sampled = sums.light_count;
       // The reference reads every key; it reports what an exact candidate generator

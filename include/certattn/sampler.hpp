@@ -18,6 +18,13 @@ inline double tau_of(int level, int grid_ratio) noexcept {
   return std::exp(ln_tau(level, grid_ratio));
 }
 
+/// The shift of the weights' reference for a grid that starts at tau_0 = 2^top_halvings:
+/// weights exp(s - c - shift) against thresholds 2^(-j/r) are weights exp(s - c) against
+/// 2^(top - j/r). One expression for every path.
+inline double grid_shift(int top_halvings) noexcept {
+  return double(top_halvings) * std::numbers::ln2;
+}
+
 /// Heavy at level j: w_i >= tau_j, i.e. s_i - c >= ln tau_j. Heavy keys are always sampled.
 inline bool is_heavy(double score_minus_c, double ln_tau_j) noexcept {
   return score_minus_c >= ln_tau_j;

@@ -83,4 +83,54 @@ inline float value_cap_from(std::vector<float> dists) {
   return std::min(round_up_to_float(cap), kMaxCap);
 }
 
+// Value-aware sampling (docs/certificate.md). The tight certificate samples a light key
+// with probability min(1, w_i rho_i / (rho_bar tau)) instead of min(1, w_i / tau), where
+// rho_i = max(rho_bar, ||v_i - g|| bound) is the key's *reach* and rho_bar its floor:
+// keys whose values lie far from the centre g are sampled more, and each sampled key's
+// contribution tau (rho_bar / rho_i) (v_i - g) is then at most tau rho_bar long, whatever
+// the outliers. The floor is the median of the distances when the bound is fixed (half
+// the keys sit on it, so the weights rho_bar / rho_i of the count bound stay near 1); a
+// function of the cache only, never of the perturbations.
+
+/// The reach floor rho_bar from the distances ||v - g||: the median of the finite ones,
+/// or, when that is 0 (most values equal g), the largest finite one (uniform reach: plain
+/// PPS); 0 when every finite distance is 0 (then every reach is 0 and so is the certificate's
+/// bound). Distances that overflowed float belong to tokens read exactly
+/// (key_index::overflow_tokens()) and do not count.
+inline float reach_floor_from(std::vector<float> dists) {
+  dists.erase(std::remove_if(dists.begin(), dists.end(), [](float x) { return !std::isfinite(x); }),
+              dists.end());
+  if (dists.empty()) return 0.0f;
+  const std::size_t k = dists.size() / 2;
+  std::nth_element(dists.begin(), dists.begin() + std::ptrdiff_t(k), dists.end());
+  const float floor = dists[k];
+  return floor > 0.0f ? floor : *std::max_element(dists.begin(), dists.end());
+}
+
+/// rho_i = max(rho_bar, dist): the reach of a key with distance bound `dist`.
+inline double key_reach(float dist, float floor) noexcept {
+  return dist > floor ? double(dist) : double(floor);
+}
+/// ln(rho_i / rho_bar) >= 0, added to the key's score in every sampling test (0 at or
+/// below the floor; +inf above a floor of 0 or for a distance that overflowed float: such
+/// a key would be heavy at every level). One expression that the reference and the fast
+/// path share.
+inline double sampling_offset(float dist, float floor) noexcept {
+  return dist > floor ? std::log(double(dist) / double(floor)) : 0.0;
+}
+/// kappa_i = rho_bar / rho_i in [0, 1]: the Horvitz-Thompson weight of a sampled light key
+/// is tau kappa_i.
+inline double reach_weight(float dist, float floor) noexcept {
+  return dist > floor ? double(floor) / double(dist) : 1.0;
+}
+/// The float at or above sampling_offset() (the double that the exact tests use), for the
+/// float candidate bounds. An infinite offset is stored as 2^64: the key's bound then
+/// passes every level's threshold (all at most 0), as it must, and stays finite, so that
+/// the candidate tests (y < +inf) and the float sums keep it.
+inline constexpr float kMaxOffsetUpper = 0x1p64f;
+inline float sampling_offset_upper(float dist, float floor) noexcept {
+  const double x = sampling_offset(dist, floor);
+  return x >= double(kMaxOffsetUpper) ? kMaxOffsetUpper : round_up_to_float(x);
+}
+
 }  // namespace certattn

@@ -53,6 +53,8 @@ void run(fuzz::reader& r) {
   opt.window = r.pick_from(kWindows);
   if (r.flag()) opt.window = std::min<std::size_t>(opt.window, n);
   opt.seed = r.u64();
+  // Both certificates, from a bit already drawn (the seed corpus keeps its meaning).
+  opt.certificate = opt.seed & 1 ? certificate_kind::kClassic : certificate_kind::kTight;
   const noise_key nk{r.u64(), std::uint32_t(r.u16()), std::uint32_t(r.byte())};
   const isa arch = isa(r.pick(3));
   const std::size_t n0 = r.flag() ? n : r.u16() % (n + 1);  // build prefix, then appends
@@ -104,7 +106,8 @@ void run(fuzz::reader& r) {
     }
     worst = std::max(worst, l1 * double(idx.max_abs_key()) * scale);
   }
-  const bool legal = options_valid(opt) && opt.window <= 64 && n >= opt.window &&
+  const bool legal = options_valid(opt) && opt.total_levels() <= 254 && opt.window <= 64 &&
+                     n >= opt.window &&
                      queries_finite && worst <= 0x1p100;
 
   set_isa_cap(arch);

@@ -58,6 +58,29 @@ void check_index(const key_index& idx, const test::head_cache<T>& c, std::size_t
                  pool_end, t, std::sqrt(s), base);
     }
   }
+  // Value-aware sampling: a finite floor (0 when every finite distance was 0 when it was
+  // fixed); every finite distance within the pool maximum and its reach, the others listed
+  // as overflow;
+  // the float offsets at or above the exact ones.
+  const float floor = idx.reach_floor();
+  FUZZ_CHECK(floor >= 0.0f && std::isfinite(floor), "reach floor %.9g", double(floor));
+  const auto over = idx.overflow_tokens();
+  for (std::size_t pool_end : {n / 2, n}) {
+    const double dmax = idx.value_distance_max(pool_end);
+    for (std::size_t t = 0; t < pool_end; ++t) {
+      const float dist = idx.value_distance(t);
+      FUZZ_CHECK(std::isfinite(dist) != std::binary_search(over.begin(), over.end(), std::uint32_t(t)),
+                 "token %zu: distance %.9g and its overflow listing disagree", t, double(dist));
+      if (!std::isfinite(dist)) continue;
+      FUZZ_CHECK(double(dist) <= dmax, "token %zu: distance %.9g > pool maximum %.9g", t,
+                 double(dist), dmax);
+      FUZZ_CHECK(key_reach(dist, floor) >= double(dist), "token %zu: reach below distance", t);
+      const double off = sampling_offset(dist, floor);
+      const float up = idx.sampling_offsets_upper()[t];
+      FUZZ_CHECK((double(up) >= off || (std::isinf(off) && up == kMaxOffsetUpper)) && off >= 0.0,
+                 "token %zu: offset bound %.9g below %.9g", t, double(up), off);
+    }
+  }
 }
 
 template <storage_element T>

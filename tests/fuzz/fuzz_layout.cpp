@@ -58,6 +58,8 @@ void check_view(const View& view, std::size_t n, std::size_t d, fuzz::reader& r,
              "exact sets differ");
   const float cap_a = a.value_cap(), cap_b = b.value_cap();
   FUZZ_CHECK(std::memcmp(&cap_a, &cap_b, sizeof(float)) == 0, "value caps differ");
+  const float floor_a = a.reach_floor(), floor_b = b.reach_floor();
+  FUZZ_CHECK(std::memcmp(&floor_a, &floor_b, sizeof(float)) == 0, "reach floors differ");
   if (n == 0) return;
 
   options opt;

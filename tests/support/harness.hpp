@@ -71,7 +71,7 @@ template <kv_view KV>
 group_run run_group(const KV& kv, const key_index& idx, const std::vector<float>& q,
                     std::size_t group, const options& opt, const noise_key& nk) {
   // Levels within what a workspace takes, so that bad options reach attend_group's checks.
-  attend_workspace ws(group, kv.head_dim(), kv.size(), std::clamp(opt.max_levels, 0, 254));
+  attend_workspace ws(group, kv.head_dim(), kv.size(), std::clamp(opt.total_levels(), 0, 254));
   ws.record_samples(true);
   group_run r;
   r.out.assign(group * kv.head_dim(), 0.0f);
@@ -108,7 +108,7 @@ std::string compare_with_reference(matrix_view<T> keys, matrix_view<T> values,
   for (std::size_t g = 0; g < group; ++g) {
     const std::string head = "head " + std::to_string(g) + ": ";
     const auto r = reference_attend(std::span<const float>(q.data() + g * d, d), keys, values,
-                                    opt, nk, {idx.value_center(), idx.value_cap()});
+                                    opt, nk, {idx.value_center(), idx.value_cap(), idx.reach_floor()});
     const certificate& f = run.certs[g];
     if (f.certified != r.cert.certified) return head + "certified differs";
     if (f.exact != r.cert.exact) return head + "exact differs";

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace certattn::detail {
 
@@ -29,6 +30,21 @@ struct candidate_params {
 inline void fill_exp1_upper_scalar(std::uint64_t noise, std::size_t n, float* e) noexcept {
   for (std::size_t t = 0; t < n; ++t)
     e[t] = perturbation::exp1_upper_from_bits(mix64(noise + (std::uint64_t(t) + 1) * kGolden));
+}
+
+/// a + b rounded towards +inf (exactly what an upward-rounding float add gives): the
+/// nearest sum, raised by one ulp when its TwoSum error is positive.
+inline float add_round_up(float a, float b) noexcept {
+  const float s = a + b;
+  const float bb = s - a;
+  const float err = (a - (s - bb)) + (b - bb);  // exact unless s overflowed (then +-inf/NaN)
+  return err > 0.0f ? std::nextafter(s, std::numeric_limits<float>::infinity()) : s;
+}
+
+/// e[t] = e[t] + off[t] rounded up, for tokens [0, n): value-aware sampling's offsets
+/// folded into the perturbation bounds.
+inline void add_offsets_upper_scalar(float* e, const float* off, std::size_t n) noexcept {
+  for (std::size_t t = 0; t < n; ++t) e[t] = add_round_up(e[t], off[t]);
 }
 
 /// Appends the candidates among tokens [0, n) to idx/lvl; returns their number.
@@ -99,6 +115,15 @@ CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, s
   }
   // The tail through the scalar twin: token t + i hashes like i under key + t golden.
   fill_exp1_upper_scalar(noise + std::uint64_t(t) * kGolden, n - t, e + t);
+}
+
+CERTATTN_TARGET_AVX512 inline void add_offsets_upper_avx512(float* e, const float* off,
+                                                            std::size_t n) noexcept {
+  std::size_t t = 0;
+  for (; t + 16 <= n; t += 16)
+    _mm512_storeu_ps(e + t, _mm512_add_round_ps(_mm512_loadu_ps(e + t), _mm512_loadu_ps(off + t),
+                                                _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+  add_offsets_upper_scalar(e + t, off + t, n - t);
 }
 
 CERTATTN_TARGET_AVX512 inline std::size_t find_candidates_avx512(
