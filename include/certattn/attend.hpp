@@ -656,7 +656,7 @@ struct detail_attend {
     const std::size_t n = kv.size(), d = kv.head_dim();
     const isa which = active_isa();
     const double scale = opt.effective_softmax_scale(d);
-    const std::size_t pool_end = n - opt.window;
+    const std::size_t pool_end = n - opt.effective_window(n);
     const std::size_t dp = (d + 7) / 8 * 8;
     const perturbation pert(opt.seed, nk);
     group_stats& stats = ws.stats_;

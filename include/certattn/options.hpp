@@ -91,6 +91,12 @@ struct options {
   /// tau = 2^(-(j - coarse_levels()) / r) relative to the largest weight.
   int total_levels() const noexcept { return max_levels + coarse_levels(); }
 
+  /// The rows read exactly at every call: the newest min(window, n_tokens). A cache no
+  /// longer than the window has no pool: the call is exact attention, certified as such.
+  std::size_t effective_window(std::size_t n_tokens) const noexcept {
+    return window < n_tokens ? window : n_tokens;
+  }
+
   double effective_softmax_scale(std::size_t head_dim) const noexcept {
     return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
   }
@@ -136,9 +142,6 @@ inline void validate(const options& o) {
 inline void validate_shape(const options& o, std::size_t n_tokens, std::size_t head_dim) {
   if (head_dim == 0) throw error("head_dim must be > 0");
   if (n_tokens == 0) throw error("n_tokens: the cache is empty");
-  if (n_tokens < o.window)
-    throw error("n_tokens (" + std::to_string(n_tokens) + ") is shorter than options.window (" +
-                std::to_string(o.window) + ")");
 }
 
 /// What a call reports for one query head.

@@ -61,7 +61,7 @@ struct reference_extras {
 };
 
 /// The certified estimate for query q over all rows of keys/values (token order: oldest
-/// first; the last options.window rows are the window).
+/// first; the last options.window rows are the window, all of them when there are fewer).
 template <class Q, cache_element T>
 inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> keys,
                                          matrix_view<T> values, const options& opt,
@@ -71,7 +71,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   validate_shape(opt, keys.rows, keys.cols);
   detail::check_attention_inputs(q, keys, values);
 
-  const std::size_t n = keys.rows, d = keys.cols, pool_end = n - opt.window;
+  const std::size_t n = keys.rows, d = keys.cols, pool_end = n - opt.effective_window(n);
   // The level loop's grid: levels 0..total_levels(), weights relative to c + shift.
   const options grid = shifted_grid(opt);
   const int J = grid.max_levels, r = opt.grid_ratio, top = opt.top_halvings();
@@ -203,7 +203,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       cert.sampled = sums.light_count;
       // The reference reads every key; it reports what an exact candidate generator
       // would read: the window and the sample.
-      cert.keys_read = opt.window + res.exact_set + heavy + sums.light_count;
+      cert.keys_read = (n - pool_end) + res.exact_set + heavy + sums.light_count;
       cert.values_read = cert.keys_read;
       cert.bytes_read = (cert.keys_read + cert.values_read) * d * sizeof(T);
       return res;

@@ -107,7 +107,6 @@ void run(fuzz::reader& r) {
     worst = std::max(worst, l1 * double(idx.max_abs_key()) * scale);
   }
   const bool legal = options_valid(opt) && opt.total_levels() <= 254 && opt.window <= 64 &&
-                     n >= opt.window &&
                      queries_finite && worst <= 0x1p100;
 
   set_isa_cap(arch);
