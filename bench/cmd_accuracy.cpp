@@ -1121,7 +1121,15 @@ void report(const accuracy_flags& f, const std::vector<setting_result>& results)
   t5.print(stdout);
 
   // Targets.
-  auto print_targets = [](const char* what, const std::vector<target_row>& tv) {
+  auto print_targets = [](const char* what, const std::vector<target_row>& all) {
+    // Settings where no baseline read within the budget (or none ran) do not count.
+    std::vector<target_row> tv;
+    for (const target_row& t : all)
+      if (t.best != "none") tv.push_back(t);
+    if (tv.empty()) {
+      std::printf("targets at matched keys, %s: no setting has a baseline within the budget\n", what);
+      return;
+    }
     std::size_t met_p90 = 0, met_max = 0;
     double min_p90 = INFINITY, max_p90 = 0, min_max = INFINITY;
     for (const target_row& t : tv) {
