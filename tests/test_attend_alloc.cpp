@@ -1,4 +1,5 @@
-// A steady-state certified call allocates nothing: the workspace is the caller's.
+// A steady-state certified call allocates nothing: the workspace is the caller's. Nor do
+// the key index's build, appends and refreshes within its reserved size.
 // This file replaces the global operator new to count allocations, so it is its own
 // test executable.
 #include <certattn/attend.hpp>
@@ -69,6 +70,29 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r);
     EXPECT_TRUE(certs[0].exact) << "the strict call should have fallen back to exact";
   }
+}
+
+// An engine reserves its index for the longest sequence: build, appends (one at a time or
+// in chunks, across the value-bound refreshes at 600, 1200, 2400 and 4800 tokens) and an
+// explicit refresh then never allocate.
+TEST(IndexAllocation, BuildAppendAndRefreshWithinReserveDoNotAllocate) {
+  const std::size_t n = 5000, n0 = 300, d = 128;
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  const auto cache = synthetic::make_cache(cfg);
+  const strided_kv<half> kv(cache.key_row(0, 0), cache.value_row(0, 0), n, d, d, d);
+  key_index idx(d);
+  idx.reserve(n);
+  g_allocations = 0;
+  g_counting = true;
+  idx.build(kv.prefix(n0));
+  for (std::size_t t = n0; t < 3000; ++t) idx.append(kv, t);
+  idx.append_range(kv, 3000, n - 3000);
+  idx.refresh(kv);
+  g_counting = false;
+  EXPECT_EQ(g_allocations.load(), 0);
+  EXPECT_EQ(idx.size(), n);
 }
 
 TEST(AttendAllocation, CounterSeesAllocations) {

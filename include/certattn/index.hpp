@@ -48,7 +48,21 @@ class key_index {
   std::size_t size() const noexcept { return n_; }
   std::size_t blocks() const noexcept { return (n_ + kBlockTokens - 1) / kBlockTokens; }
 
-  /// Reserves room for `tokens` tokens so that appends up to there never allocate.
+  /// When the value bounds (centre, distances, cap, reach floor) are recomputed.
+  ///   kOnDoubling  inside append(), whenever the cache has doubled since they were fixed
+  ///                (and at 256 tokens): amortised O(head_dim) per append, but the append
+  ///                that triggers it re-reads every value (O(n head_dim)).
+  ///   kManual      never inside append(): the engine calls refresh() when it chooses (off
+  ///                the decode's critical path, or never). append() then costs at most
+  ///                O(head_dim) plus one block re-encode (128 tokens) in the worst case.
+  /// Any bounds are valid for the certificate (they are functions of the cache); fresher
+  /// ones fit the values better, so the certified call reads fewer keys.
+  enum class refresh_policy { kOnDoubling, kManual };
+  void set_refresh_policy(refresh_policy p) noexcept { policy_ = p; }
+  refresh_policy get_refresh_policy() const noexcept { return policy_; }
+
+  /// Reserves room for `tokens` tokens so that build(), append(), append_range() and
+  /// refresh() up to there never allocate.
   void reserve(std::size_t tokens) {
     const std::size_t nb = (tokens + kBlockTokens - 1) / kBlockTokens;
     codes4_.reserve(nb * block_code4_bytes());
@@ -59,6 +73,16 @@ class key_index {
     offset_up_.reserve(nb * kBlockTokens);
     block_prefix_max_.reserve(nb);
     block_prefix_max_all_.reserve(nb);
+    exact_.reserve(tokens);
+    overflow_.reserve(tokens);
+    sort_.reserve(nb * kBlockTokens);
+    rows_.reserve(kBlockTokens * d_);
+    for (auto* v : {&row_, &mins_, &maxs_, &check_}) v->reserve(d_);
+    inv4_.reserve(dp_);
+    inv8_.reserve(dp_);
+    q4_.reserve(dp_);
+    acc_.reserve(d_);
+    center_.reserve(d_);
   }
 
   /// Indexes every token of kv (after prefill) and fixes the value bounds (centre g, cap,
@@ -112,7 +136,7 @@ class key_index {
       encode_block(kv, b, /*headroom=*/true);
     else
       encode_token(row_.data(), b, tb);
-    if (n_ >= next_refresh_) {
+    if (policy_ == refresh_policy::kOnDoubling && n_ >= next_refresh_) {
       refresh_value_bounds(kv);
       return;
     }
@@ -123,6 +147,31 @@ class key_index {
     if (dist_[position] > cap_) exact_.push_back(std::uint32_t(position));
     if (!std::isfinite(dist_[position])) overflow_.push_back(std::uint32_t(position));
     update_block_max(b);
+  }
+
+  /// Indexes tokens [first, first + count) of kv (first == size()): a chunk of prefill or
+  /// the accepted tokens of a speculative draft. The same index as `count` append()s.
+  template <kv_view KV>
+  void append_range(const KV& kv, std::size_t first, std::size_t count) {
+    if (first != n_)
+      throw error("append_range first (" + std::to_string(first) +
+                  ") must equal the index size (" + std::to_string(n_) + ")");
+    if (count > kv.size() || first > kv.size() - count)
+      throw error("append_range: first + count (" + std::to_string(first) + " + " +
+                  std::to_string(count) + ") > kv.size() (" + std::to_string(kv.size()) + ")");
+    for (std::size_t t = first; t < first + count; ++t) append(kv, t);
+  }
+
+  /// Recomputes the value bounds from every value now in the cache (what append() does by
+  /// itself under refresh_policy::kOnDoubling): O(n head_dim).
+  template <kv_view KV>
+  void refresh(const KV& kv) {
+    check_dim(kv);
+    if (!built_) throw error("key_index::refresh: build() must be called first");
+    if (kv.size() < n_)
+      throw error("refresh: kv.size() (" + std::to_string(kv.size()) + ") < index size (" +
+                  std::to_string(n_) + ")");
+    refresh_value_bounds(kv);
   }
 
   // ---- read access for the kernels -------------------------------------------------
@@ -412,7 +461,8 @@ class key_index {
   /// Centre = mean of all values now, distances, cap, exact set, prefix maxima.
   template <kv_view KV>
   void refresh_value_bounds(const KV& kv) {
-    std::vector<double> acc(d_, 0.0);
+    std::vector<double>& acc = acc_;
+    acc.assign(d_, 0.0);
     check_.resize(d_);
     for (std::size_t t = 0; t < n_; ++t) {
       detail::row_to_float(kv.value(t), check_.data(), d_);
@@ -426,9 +476,10 @@ class key_index {
       detail::row_to_float(kv.value(t), check_.data(), d_);
       dist_[t] = value_distance_bound(check_.data(), center_, d_);
     }
-    cap_ = value_cap_from(std::vector<float>(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_)));
-    reach_floor_ =
-        reach_floor_from(std::vector<float>(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_)));
+    sort_.assign(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_));
+    cap_ = value_cap_from_inplace(sort_);
+    sort_.assign(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_));
+    reach_floor_ = reach_floor_from_inplace(sort_);
     offset_up_.assign(blocks() * kBlockTokens, 0.0f);
     for (std::size_t t = 0; t < n_; ++t)
       offset_up_[t] = sampling_offset_upper(dist_[t], reach_floor_);
@@ -446,14 +497,15 @@ class key_index {
 
   std::size_t d_ = 0, dp_ = 0, n_ = 0, next_refresh_ = 0;
   bool built_ = false;
+  refresh_policy policy_ = refresh_policy::kOnDoubling;
   float max_abs_key_ = 0.0f;
   float cap_ = std::numeric_limits<float>::infinity();
   float reach_floor_ = 1.0f;
   std::vector<std::uint32_t> exact_;      // the exact set: tokens with dist_ > cap_
   std::vector<std::uint32_t> overflow_;   // tokens with dist_ = +inf
   // Scratch of the encoder (not part of the index's state).
-  std::vector<float> rows_, row_, mins_, maxs_, check_;
-  std::vector<double> inv4_, inv8_;
+  std::vector<float> rows_, row_, mins_, maxs_, check_, sort_;
+  std::vector<double> inv4_, inv8_, acc_;
   std::vector<std::uint8_t> q4_;  // one row's 4-bit codes, one per byte
   std::size_t inverse_block_ = std::size_t(-1);
   // The arrays calls read (on huge pages: see memory.hpp).

@@ -69,7 +69,9 @@ inline constexpr std::size_t kMinTokensForCap = 256;
 inline constexpr std::size_t max_exact_set(std::size_t n) noexcept {
   return n / 256 > 64 ? n / 256 : 64;
 }
-inline float value_cap_from(std::vector<float> dists) {
+/// Reorders `dists` (the key index passes its own scratch, so that a refresh within the
+/// reserved size does not allocate).
+inline float value_cap_from_inplace(std::vector<float>& dists) {
   constexpr float kMaxCap = std::numeric_limits<float>::max();
   const std::size_t n = dists.size();
   if (n < kMinTokensForCap) return kMaxCap;
@@ -82,6 +84,7 @@ inline float value_cap_from(std::vector<float> dists) {
   cap = std::max(cap, double(dists[top]));
   return std::min(round_up_to_float(cap), kMaxCap);
 }
+inline float value_cap_from(std::vector<float> dists) { return value_cap_from_inplace(dists); }
 
 // Value-aware sampling (docs/certificate.md). The tight certificate samples a light key
 // with probability min(1, w_i rho_i / (rho_bar tau)) instead of min(1, w_i / tau), where
@@ -97,7 +100,8 @@ inline float value_cap_from(std::vector<float> dists) {
 /// PPS); 0 when every finite distance is 0 (then every reach is 0 and so is the certificate's
 /// bound). Distances that overflowed float belong to tokens read exactly
 /// (key_index::overflow_tokens()) and do not count.
-inline float reach_floor_from(std::vector<float> dists) {
+/// Reorders and shortens `dists` (in-place twin for the key index's scratch).
+inline float reach_floor_from_inplace(std::vector<float>& dists) {
   dists.erase(std::remove_if(dists.begin(), dists.end(), [](float x) { return !std::isfinite(x); }),
               dists.end());
   if (dists.empty()) return 0.0f;
@@ -106,6 +110,7 @@ inline float reach_floor_from(std::vector<float> dists) {
   const float floor = dists[k];
   return floor > 0.0f ? floor : *std::max_element(dists.begin(), dists.end());
 }
+inline float reach_floor_from(std::vector<float> dists) { return reach_floor_from_inplace(dists); }
 
 /// rho_i = max(rho_bar, dist): the reach of a key with distance bound `dist`.
 inline double key_reach(float dist, float floor) noexcept {

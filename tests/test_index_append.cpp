@@ -1,0 +1,115 @@
+// The key index's engine-facing growth: append_range() builds the same index as appends
+// one token at a time, and under refresh_policy::kManual appends keep the value bounds
+// until refresh(), which then gives the bounds build() gives on the same tokens.
+#include <certattn/index.hpp>
+#include <certattn/synthetic.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace certattn;
+
+struct fixture {
+  std::size_t n = 3000, d = 64;
+  synthetic::kv_cache cache;
+  fixture() {
+    synthetic::cache_config cfg;
+    cfg.n_tokens = n;
+    cfg.head_dim = d;
+    cfg.kind = synthetic::regime::kMixed;
+    cache = synthetic::make_cache(cfg);
+  }
+  strided_kv<half> view() const {
+    return strided_kv<half>(cache.key_row(0, 0), cache.value_row(0, 0), n, d, d, d);
+  }
+};
+
+// Everything a certified call reads from the index, compared bit for bit.
+void expect_same_index(const key_index& a, const key_index& b, std::size_t n) {
+  ASSERT_EQ(a.size(), b.size());
+  const std::size_t dp = a.padded_dim();
+  for (std::size_t blk = 0; blk < a.blocks(); ++blk) {
+    ASSERT_EQ(std::memcmp(a.block_codes4(blk), b.block_codes4(blk), a.block_code4_bytes()), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.block_lo(blk), b.block_lo(blk), 3 * dp * sizeof(float)), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.block_rho(blk), b.block_rho(blk), key_index::kBlockTokens), 0) << blk;
+  }
+  for (std::size_t t = 0; t < n; ++t) {
+    ASSERT_EQ(std::memcmp(a.codes8(t), b.codes8(t), dp), 0) << t;
+    ASSERT_EQ(a.value_distance(t), b.value_distance(t)) << t;
+    ASSERT_EQ(a.sampling_offsets_upper()[t], b.sampling_offsets_upper()[t]) << t;
+  }
+  const auto ca = a.value_center(), cb = b.value_center();
+  ASSERT_TRUE(std::equal(ca.begin(), ca.end(), cb.begin(), cb.end()));
+  EXPECT_EQ(a.value_cap(), b.value_cap());
+  EXPECT_EQ(a.reach_floor(), b.reach_floor());
+  const auto xa = a.exact_tokens(), xb = b.exact_tokens();
+  EXPECT_TRUE(std::equal(xa.begin(), xa.end(), xb.begin(), xb.end()));
+  EXPECT_EQ(a.value_distance_max(n), b.value_distance_max(n));
+}
+
+TEST(IndexAppend, RangeEqualsOneByOne) {
+  const fixture f;
+  const auto kv = f.view();
+  for (std::size_t n0 : {1ul, 100ul, 128ul, 700ul}) {
+    SCOPED_TRACE("built on " + std::to_string(n0));
+    key_index one(f.d), range(f.d);
+    one.build(kv.prefix(n0));
+    range.build(kv.prefix(n0));
+    for (std::size_t t = n0; t < f.n; ++t) one.append(kv, t);
+    // Chunks of uneven sizes, as chunked prefill and accepted drafts come.
+    std::size_t t = n0, chunk = 1;
+    while (t < f.n) {
+      const std::size_t c = std::min(chunk, f.n - t);
+      range.append_range(kv, t, c);
+      t += c;
+      chunk = chunk * 3 % 257 + 1;
+    }
+    expect_same_index(one, range, f.n);
+  }
+}
+
+TEST(IndexAppend, RangeChecksItsArguments) {
+  const fixture f;
+  const auto kv = f.view();
+  key_index idx(f.d);
+  idx.build(kv.prefix(100));
+  EXPECT_THROW(idx.append_range(kv, 99, 2), error);     // not at the end of the index
+  EXPECT_THROW(idx.append_range(kv, 100, f.n), error);  // beyond the cache
+  idx.append_range(kv, 100, 0);                         // nothing to do
+  EXPECT_EQ(idx.size(), 100u);
+}
+
+TEST(IndexAppend, ManualRefreshKeepsTheBoundsUntilRefresh) {
+  const fixture f;
+  const auto kv = f.view();
+  key_index manual(f.d);
+  manual.set_refresh_policy(key_index::refresh_policy::kManual);
+  manual.build(kv.prefix(300));
+  const std::vector<float> center0(manual.value_center().begin(), manual.value_center().end());
+  const float floor0 = manual.reach_floor();
+  manual.append_range(kv, 300, f.n - 300);  // past 600, 1200 and 2400 tokens
+  EXPECT_TRUE(std::equal(center0.begin(), center0.end(), manual.value_center().begin()));
+  EXPECT_EQ(manual.reach_floor(), floor0);
+  // The default policy refreshed along the way: its centre differs.
+  key_index automatic(f.d);
+  automatic.build(kv.prefix(300));
+  automatic.append_range(kv, 300, f.n - 300);
+  EXPECT_FALSE(std::equal(center0.begin(), center0.end(), automatic.value_center().begin()));
+  // refresh() gives the bounds build() computes on the same tokens.
+  manual.refresh(kv);
+  key_index built(f.d);
+  built.build(kv);
+  const auto cm = manual.value_center(), cb = built.value_center();
+  EXPECT_TRUE(std::equal(cm.begin(), cm.end(), cb.begin(), cb.end()));
+  EXPECT_EQ(manual.value_cap(), built.value_cap());
+  EXPECT_EQ(manual.reach_floor(), built.reach_floor());
+  for (std::size_t t = 0; t < f.n; ++t) ASSERT_EQ(manual.value_distance(t), built.value_distance(t));
+  EXPECT_THROW(key_index(f.d).refresh(kv), error);  // not built yet
+}
+
+}  // namespace
