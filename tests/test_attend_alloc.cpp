@@ -73,9 +73,9 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
 }
 
 // An engine reserves its index for the longest sequence: build, appends (one at a time or
-// in chunks, across the value-bound refreshes at 600, 1200, 2400 and 4800 tokens) and an
-// explicit refresh then never allocate.
-TEST(IndexAllocation, BuildAppendAndRefreshWithinReserveDoNotAllocate) {
+// in chunks, across the value-bound refreshes at 600, 1200, 2400 and 4800 tokens), a
+// rollback and an explicit refresh then never allocate.
+TEST(IndexAllocation, BuildAppendTruncateAndRefreshWithinReserveDoNotAllocate) {
   const std::size_t n = 5000, n0 = 300, d = 128;
   synthetic::cache_config cfg;
   cfg.n_tokens = n;
@@ -89,6 +89,8 @@ TEST(IndexAllocation, BuildAppendAndRefreshWithinReserveDoNotAllocate) {
   idx.build(kv.prefix(n0));
   for (std::size_t t = n0; t < 3000; ++t) idx.append(kv, t);
   idx.append_range(kv, 3000, n - 3000);
+  idx.truncate(kv, n - 777);  // a rejected draft, rolled back, then other tokens
+  idx.append_range(kv, n - 777, 777);
   idx.refresh(kv);
   g_counting = false;
   EXPECT_EQ(g_allocations.load(), 0);

@@ -1,8 +1,11 @@
 // The key index's engine-facing growth: append_range() builds the same index as appends
 // one token at a time, and under refresh_policy::kManual appends keep the value bounds
 // until refresh(), which then gives the bounds build() gives on the same tokens.
+#include <certattn/attend.hpp>
 #include <certattn/index.hpp>
 #include <certattn/synthetic.hpp>
+
+#include "support/harness.hpp"
 
 #include <gtest/gtest.h>
 
@@ -110,6 +113,89 @@ TEST(IndexAppend, ManualRefreshKeepsTheBoundsUntilRefresh) {
   EXPECT_EQ(manual.reach_floor(), built.reach_floor());
   for (std::size_t t = 0; t < f.n; ++t) ASSERT_EQ(manual.value_distance(t), built.value_distance(t));
   EXPECT_THROW(key_index(f.d).refresh(kv), error);  // not built yet
+}
+
+// Rollback: truncate(n) gives the key codes of build() on the first n tokens, whatever the
+// index went through before (a build, appends across blocks and refreshes), keeps its
+// value bounds, and the index then grows again as usual.
+void expect_same_codes(const key_index& a, const key_index& b, std::size_t n) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.blocks(), b.blocks());
+  const std::size_t dp = a.padded_dim();
+  for (std::size_t blk = 0; blk < a.blocks(); ++blk) {
+    ASSERT_EQ(std::memcmp(a.block_codes4(blk), b.block_codes4(blk), a.block_code4_bytes()), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.block_lo(blk), b.block_lo(blk), 3 * dp * sizeof(float)), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.block_rho(blk), b.block_rho(blk), key_index::kBlockTokens), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.codes8(blk * key_index::kBlockTokens),
+                          b.codes8(blk * key_index::kBlockTokens), key_index::kBlockTokens * dp),
+              0)
+        << blk;
+  }
+  (void)n;
+}
+
+TEST(IndexTruncate, GivesTheCodesOfABuildOnThePrefix) {
+  const fixture f;
+  const auto kv = f.view();
+  for (std::size_t n : {0ul, 1ul, 127ul, 128ul, 129ul, 1000ul, 2047ul, 2999ul}) {
+    SCOPED_TRACE("truncate to " + std::to_string(n));
+    key_index idx(f.d);
+    idx.build(kv.prefix(200));
+    idx.append_range(kv, 200, f.n - 200);
+    const std::vector<float> center(idx.value_center().begin(), idx.value_center().end());
+    const float cap = idx.value_cap(), floor = idx.reach_floor();
+    idx.truncate(kv, n);
+    key_index built(f.d);
+    built.build(kv.prefix(n));
+    expect_same_codes(idx, built, n);
+    // The value bounds stay: the distances are still those to the same centre.
+    EXPECT_TRUE(std::equal(center.begin(), center.end(), idx.value_center().begin()));
+    EXPECT_EQ(idx.value_cap(), cap);
+    EXPECT_EQ(idx.reach_floor(), floor);
+    for (std::uint32_t t : idx.exact_tokens()) EXPECT_LT(t, n);
+    // Growing again gives the codes of the same build grown the same way.
+    idx.append_range(kv, n, f.n - n);
+    built.append_range(kv, n, f.n - n);
+    expect_same_codes(idx, built, f.n);
+  }
+}
+
+// After a rollback the certified call still computes what the reference computes with
+// the index's bounds (both certificates).
+TEST(IndexTruncate, CallsAfterARollbackEqualTheReference) {
+  const fixture f;
+  const auto kv = f.view();
+  key_index idx(f.d);
+  idx.build(kv.prefix(1000));
+  idx.append_range(kv, 1000, f.n - 1000);
+  idx.truncate(kv, 2345);
+  const auto kv_n = kv.prefix(2345);
+  for (certificate_kind kind : {certificate_kind::kTight, certificate_kind::kClassic}) {
+    options opt;
+    opt.certificate = kind;
+    const std::vector<float> q = synthetic::make_queries(f.cache, 0, 4, 9);
+    const noise_key nk{9, 0, 0};
+    const test::group_run run = test::run_group(kv_n, idx, q, 4, opt, nk);
+    const std::vector<half> keys(f.cache.key_row(0, 0), f.cache.key_row(0, 0) + 2345 * f.d);
+    const std::vector<half> values(f.cache.value_row(0, 0), f.cache.value_row(0, 0) + 2345 * f.d);
+    EXPECT_EQ(test::compare_with_reference(make_matrix_view(keys.data(), 2345, f.d),
+                                           make_matrix_view(values.data(), 2345, f.d), idx, q, 4,
+                                           opt, nk, run),
+              "")
+        << to_string(kind);
+  }
+}
+
+TEST(IndexTruncate, ChecksItsArguments) {
+  const fixture f;
+  const auto kv = f.view();
+  key_index idx(f.d);
+  EXPECT_THROW(idx.truncate(kv, 0), error);  // not built
+  idx.build(kv.prefix(500));
+  EXPECT_THROW(idx.truncate(kv, 501), error);
+  EXPECT_THROW(idx.truncate(kv.prefix(100), 200), error);
+  idx.truncate(kv, 500);  // nothing to do
+  EXPECT_EQ(idx.size(), 500u);
 }
 
 }  // namespace

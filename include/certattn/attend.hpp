@@ -8,7 +8,7 @@
 //   candidates  pool keys whose perturbed bound can reach the deepest level, bucketed by
 //               their earliest level (counting sort)
 //   level loop  new candidates refined with 8-bit codes, then exact 16-bit keys; heavy,
-//               light or out; Horvitz-Thompson sums; the certificate of ALGORITHM.md
+//               light or out; Horvitz-Thompson sums; the certificate of docs/certificate.md
 //   fallback    exact attention when no level certifies
 // It computes exactly the samples of reference_attend() (same perturbations, same scores
 // bit for bit, same sets) while reading a small fraction of the cache.

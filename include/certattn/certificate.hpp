@@ -1,6 +1,7 @@
-// The certificate of one level (ALGORITHM.md, "The certificate at level j"): the Chernoff
-// count interval, the one-sided Bernstein bound on the second moment G, the Hilbert-space
-// Bernstein bound on the centred numerator, beta, and the three error scales.
+// The certificate of one level (docs/certificate.md), tight and classic: the Chernoff
+// interval of the (weighted) count, the one-sided Bernstein bound on the second moment,
+// the Hilbert-space Bernstein bound on the centred numerator, beta, the lower bound on the
+// value scale, and the three error scales.
 // Everything here is a pure function of the level's sufficient statistics, in double,
 // allocation-free: the reference and the fast path both call certify_level().
 #pragma once
@@ -239,7 +240,7 @@ inline double relative_bound(double beta, double scale) noexcept {
 }
 
 /// Step 6, shared by both certificates: the level is certified when beta (or dD) meets
-/// epsilon on the chosen scale (ALGORITHM.md, "Error scales"). Needs d_lo, dD, beta,
+/// epsilon on the chosen scale (docs/certificate.md, event 7). Needs d_lo, dD, beta,
 /// o_hat_norm and m_lo.
 inline void apply_error_scale(level_result& r, const options& opt) noexcept {
   const double eps = opt.epsilon;

@@ -162,6 +162,45 @@ class key_index {
     for (std::size_t t = first; t < first + count; ++t) append(kv, t);
   }
 
+  /// Forgets tokens [n, size()): the rollback of rejected draft tokens, before the engine
+  /// writes other tokens at those positions. The key codes become bit-identical to build()
+  /// on the first n tokens (the tail block is re-encoded from kv with its exact ranges:
+  /// O(128 head_dim) at most, plus O(tokens removed)); the value bounds (centre, cap,
+  /// reach floor) stay those fixed before, which are valid for any cache (refresh()
+  /// recomputes them). Does not allocate.
+  template <kv_view KV>
+  void truncate(const KV& kv, std::size_t n) {
+    check_dim(kv);
+    if (!built_) throw error("key_index::truncate: build() must be called first");
+    if (n > n_)
+      throw error("truncate: n (" + std::to_string(n) + ") > index size (" + std::to_string(n_) +
+                  ")");
+    if (kv.size() < n)
+      throw error("truncate: kv.size() (" + std::to_string(kv.size()) + ") < n (" +
+                  std::to_string(n) + ")");
+    if (n == n_) return;
+    n_ = n;
+    const std::size_t nb = blocks(), padded = nb * kBlockTokens;
+    resize_blocks(nb);
+    std::fill(dist_.begin() + std::ptrdiff_t(std::min(n, dist_.size())), dist_.end(), 0.0f);
+    std::fill(offset_up_.begin() + std::ptrdiff_t(std::min(n, offset_up_.size())), offset_up_.end(),
+              0.0f);
+    dist_.resize(padded, 0.0f);
+    offset_up_.resize(padded, 0.0f);
+    auto drop_from = [n](std::vector<std::uint32_t>& list) {
+      list.resize(std::size_t(std::lower_bound(list.begin(), list.end(), std::uint32_t(n)) -
+                              list.begin()));
+    };
+    drop_from(exact_);
+    drop_from(overflow_);
+    if (nb == 0) return;
+    // The tail block as build() encodes it: exact ranges over its remaining tokens, and
+    // no residual bytes past them.
+    std::fill(rho_.begin() + std::ptrdiff_t(n), rho_.begin() + std::ptrdiff_t(padded), std::uint8_t(0));
+    if (n % kBlockTokens != 0) encode_block(kv, nb - 1);
+    update_block_max(nb - 1);
+  }
+
   /// Recomputes the value bounds from every value now in the cache (what append() does by
   /// itself under refresh_policy::kOnDoubling): O(n head_dim).
   template <kv_view KV>

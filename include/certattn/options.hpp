@@ -12,7 +12,7 @@
 
 namespace certattn {
 
-/// The error measure a certificate is stated on (ALGORITHM.md, "Error scales").
+/// The error measure a certificate is stated on (docs/certificate.md, event 7).
 enum class error_scale {
   kDenominator,  // |D^ - D| <= epsilon * D
   kOutputNorm,   // ||o^ - o|| <= epsilon * ||o||
@@ -41,7 +41,7 @@ inline error_scale error_scale_from_string(std::string_view s) {
 ///   kTight    value-aware sampling (probability proportional to w_i rho_i), a
 ///             finite-population variance, a sample-based lower bound on the value scale,
 ///             and delta spent around a level hint: fewer keys for the same guarantee.
-///   kClassic  the paper's certificate (ALGORITHM.md): plain PPS, uniform delta over the
+///   kClassic  the paper's certificate (docs/certificate.md): plain PPS, uniform delta over the
 ///             levels, value outliers read exactly. Kept to reproduce the paper's tables.
 enum class certificate_kind { kTight, kClassic };
 

@@ -1,5 +1,5 @@
 // The reference certified estimator: exact scores for every key, then the level loop of
-// ALGORITHM.md written as plainly as possible. It is the oracle every fast path is
+// docs/certificate.md written as plainly as possible. It is the oracle every fast path is
 // compared with (same perturbations, same sample sets, same certificate), so clarity
 // beats speed here.
 #pragma once

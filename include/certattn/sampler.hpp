@@ -1,6 +1,7 @@
-// The geometric threshold grid and the nested PPS samples it defines (ALGORITHM.md,
-// "Nested samples"). Membership is decided in the log domain, by one pair of functions
-// that the reference and the fast path share, so both compute the same sets.
+// The geometric threshold grid and the nested PPS samples it defines (docs/certificate.md,
+// "The grid" and "Value-aware sampling"). Membership is decided in the log domain, by one
+// pair of functions that the reference and the fast path share, so both compute the same
+// sets.
 #pragma once
 
 #include <algorithm>
