@@ -193,6 +193,25 @@ void run(fuzz::reader& r) {
   key_index fresh(d);
   fresh.build(c.view());
   check_index(fresh, c, n);
+  // Rollback to a point between the build and the end: the codes of a build on the kept
+  // prefix, a valid index, and one that grows back to a valid index.
+  const std::size_t kept = n0 + (n - n0) / 2;
+  idx.truncate(c.view(), kept);
+  check_index(idx, c, kept);
+  key_index prefix(d);
+  prefix.build(c.view(kept));
+  const std::size_t dp = idx.padded_dim();
+  for (std::size_t b = 0; b < idx.blocks(); ++b) {
+    FUZZ_CHECK(std::memcmp(idx.block_codes4(b), prefix.block_codes4(b), idx.block_code4_bytes()) == 0,
+               "truncate to %zu: block %zu 4-bit codes differ from a build", kept, b);
+    FUZZ_CHECK(std::memcmp(idx.block_lo(b), prefix.block_lo(b), 3 * dp * sizeof(float)) == 0,
+               "truncate to %zu: block %zu scales differ from a build", kept, b);
+  }
+  for (std::size_t t = 0; t < kept; ++t)
+    FUZZ_CHECK(std::memcmp(idx.codes8(t), prefix.codes8(t), dp) == 0,
+               "truncate to %zu: token %zu 8-bit codes differ from a build", kept, t);
+  idx.append_range(c.view(), kept, n - kept);
+  check_index(idx, c, n);
 }
 
 }  // namespace
