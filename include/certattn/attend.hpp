@@ -1,7 +1,8 @@
 // The certified call for one GQA group: G query heads sharing one KV head. The stages run
 // top to bottom in this file, one function each:
 //   window      exact scores of the rows every head reads (the newest tokens and the exact
-//               set of value outliers), all G heads in one pass over the key rows
+//               set: the classic certificate's value outliers, or values beyond float's
+//               range), all G heads in one pass over the key rows
 //   scan        4-bit score bounds u_i >= s_i for every pool key and all G heads at once
 //   max score   c = exact maximum over the keys whose bound can reach the best lower bound,
 //               per head; then the window's value sums of all heads in one pass
@@ -243,8 +244,8 @@ struct detail_attend {
   }
 
   // ---- stage: window ------------------------------------------------------------------
-  /// Scores of the rows every head reads exactly, the window and the exact set (value
-  /// outliers), for all G heads in one pass over the key rows: [g][window, then set].
+  /// Scores of the rows every head reads exactly, the window and the exact set, for all G
+  /// heads in one pass over the key rows: [g][window, then set].
   template <kv_view KV>
   static void fixed_scores(const KV& kv, const float* q, std::size_t G, std::size_t d,
                            double scale, std::size_t pool_end, std::span<const std::uint32_t> xs,

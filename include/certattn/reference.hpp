@@ -36,9 +36,10 @@ struct reference_result {
   std::vector<level_trace> trace;   // levels 0..stopping level (all of them when exact)
   double max_score = 0.0;           // c
   // For token i < n - window: the earliest level at which it is sampled
-  // (S_j = { i : sample_level[i] <= j }) and at which it is heavy; max_levels + 1 = never.
-  // Tokens of the exact set (value outliers, see value_bounds.hpp) are read exactly and
-  // have level -1 in both.
+  // (S_j = { i : sample_level[i] <= j }) and at which it is heavy, on the grid of
+  // options::total_levels(); total_levels() + 1 = never. Tokens of the exact set (the
+  // classic certificate's value outliers, or values beyond float's range; see
+  // value_bounds.hpp) are read exactly and have level -1 in both.
   std::vector<int> sample_level;
   std::vector<int> heavy_level;
   std::size_t exact_set = 0;        // pool tokens moved to the exact set
