@@ -3,11 +3,16 @@
 // keys, fresh at every decoding step, and computable for any token in any order.
 #pragma once
 
+#include <certattn/common.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 
 namespace certattn {
 
@@ -17,6 +22,24 @@ struct noise_key {
   std::uint64_t step = 0;
   std::uint32_t layer = 0;
   std::uint32_t kv_head = 0;
+
+  constexpr noise_key() noexcept = default;
+  /// From any integer types (an engine's size_t or int indices): a negative value, or a
+  /// layer or KV head above 2^32 - 1, throws certattn::error naming the field.
+  template <std::integral Step, std::integral Layer, std::integral Head>
+  constexpr noise_key(Step s, Layer l, Head h)
+      : step(checked<std::uint64_t>(s, "step")),
+        layer(checked<std::uint32_t>(l, "layer")),
+        kv_head(checked<std::uint32_t>(h, "kv_head")) {}
+
+ private:
+  template <class To, class From>
+  static constexpr To checked(From v, const char* field) {
+    if (!std::in_range<To>(v))
+      throw error(std::string("noise_key.") + field + " = " + std::to_string(v) +
+                  " is out of range (0 .. " + std::to_string(std::numeric_limits<To>::max()) + ")");
+    return To(v);
+  }
 };
 
 namespace detail {
