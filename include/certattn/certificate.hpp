@@ -155,7 +155,8 @@ struct sampling_design {
   bool value_aware = false;
   float floor = 1.0f;      // the index's reach floor (value-aware)
   double rho_bar = 0.0;    // the floor (value-aware), or max_{pool} ||v_i - g|| (plain)
-  double rho_max = 0.0;    // max_{pool} rho_i (+inf when a distance overflowed float)
+  double rho_max = 0.0;    // max_{pool} rho_i over finite distances (the others are read
+                           // exactly: key_index::overflow_tokens())
   double center_norm = 0.0;  // ||g||
 
   double offset(float dist) const noexcept {
