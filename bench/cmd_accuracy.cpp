@@ -301,17 +301,18 @@ clt_outcome clt_rule(const reference_result& ref, const exact_call& ex, const ha
   sc.num_e.assign(d, 0.0);
   double d_e = 0, sq_e = 0;
   std::size_t exact_set = 0, pool_light = 0;
-  auto add_exact = [&](std::size_t t) {
-    const double w = ex.w[t];
-    double sq = 0;
+  // num += w v, den += w, sq += w ||v||^2 for token t.
+  auto add_weighted = [&](std::size_t t, double w, std::vector<double>& num, double& den, double& sq) {
+    double v2 = 0;
     for (std::size_t i = 0; i < d; ++i) {
       const double v = value(t, i);
-      sc.num_e[i] += w * v;
-      sq += v * v;
+      num[i] += w * v;
+      v2 += v * v;
     }
-    d_e += w;
-    sq_e += w * sq;
+    den += w;
+    sq += w * v2;
   };
+  auto add_exact = [&](std::size_t t) { add_weighted(t, ex.w[t], sc.num_e, d_e, sq_e); };
   for (std::size_t t = 0; t < n; ++t) {
     if (t < pool_end && hl[t] >= 0) {
       ++pool_light;  // light at some level before it turns heavy
@@ -342,17 +343,8 @@ clt_outcome clt_rule(const reference_result& ref, const exact_call& ex, const ha
     const double tau = std::ldexp(tau_of(j, opt.grid_ratio), top);
     sc.num = sc.num_e;
     double d_hat = d_e, sq_hat = sq_e;
-    for (std::uint32_t t : sc.light) {
-      const double a = tau * design.weight(idx.value_distance(t));
-      double sq = 0;
-      for (std::size_t i = 0; i < d; ++i) {
-        const double v = value(t, i);
-        sc.num[i] += a * v;
-        sq += v * v;
-      }
-      d_hat += a;
-      sq_hat += a * sq;
-    }
+    for (std::uint32_t t : sc.light)
+      add_weighted(t, tau * design.weight(idx.value_distance(t)), sc.num, d_hat, sq_hat);
     for (std::size_t i = 0; i < d; ++i) sc.o_hat[i] = sc.num[i] / d_hat;
     const double m_hat = std::sqrt(sq_hat / d_hat);
     // The finest level stops regardless: peaked heads keep fewer than 30 light keys there,
@@ -964,8 +956,9 @@ void print_cost_table(const accuracy_flags& f, const std::vector<setting_result>
                share(c.tight.above) + " / " + share(c.classic.above) + " / " + share(c.clt.above)});
   t.print(stdout);
   std::printf("error / (eps M) above 1 breaks the target; the certificates allow it in at most a fraction delta = %g "
-              "of calls, the CLT rule promises nothing. clt exact: calls on which the rule stopped at no level (fewer "
-              "than %zu light keys sampled down to the finest level: peaked attention) and read every key.\n",
+              "of calls, the CLT rule promises nothing. The rule stops at the first level with at least %zu light "
+              "keys (or all of them, or the finest level) whose interval meets eps; clt exact: calls with no pool "
+              "to sample, answered exactly.\n",
               f.delta, kCltMinSample);
 
   // Self-checks: a certified bound above eps, or the reference stopping elsewhere than the
