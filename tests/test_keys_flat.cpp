@@ -132,7 +132,7 @@ TEST(KeysFlat, SyntheticRegimes) {
   }
 }
 
-// Known gap (reported to the lead): in the synthetic regimes keys read at epsilon 0.1 grows
+// Known gap: in the synthetic regimes keys read at epsilon 0.1 grows
 // 2-6x from 4K to 64K (1.3-3.5x from 16K to 64K), while the controlled families above are
 // flat: in the generator the attention mass D grows with n (peaked 3 -> 12, mixed 10 -> 15,
 // uniform 1.8e3 -> 2.3e4). Enable when the generator or the certificate changes.
