@@ -37,16 +37,25 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::fre
 namespace {
 using namespace certattn;
 
+// One KV head of a synthetic cache, and its token-major view.
+synthetic::kv_cache one_head(std::size_t n, std::size_t d, synthetic::regime r) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kind = r;
+  return synthetic::make_cache(cfg);
+}
+strided_kv<half> view_of(const synthetic::kv_cache& c) {
+  const std::size_t n = c.config.n_tokens, d = c.config.head_dim;
+  return strided_kv<half>(c.key_row(0, 0), c.value_row(0, 0), n, d, d, d);
+}
+
 TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
   const std::size_t n = 20000, d = 128, G = 4;
   for (synthetic::regime r : {synthetic::regime::kMixed, synthetic::regime::kUniform,
                               synthetic::regime::kExtreme}) {
-    synthetic::cache_config cfg;
-    cfg.n_tokens = n;
-    cfg.head_dim = d;
-    cfg.kind = r;
-    const auto cache = synthetic::make_cache(cfg);
-    const strided_kv<half> kv(cache.key_row(0, 0), cache.value_row(0, 0), n, d, d, d);
+    const auto cache = one_head(n, d, r);
+    const strided_kv<half> kv = view_of(cache);
     key_index idx(d);
     idx.build(kv);
     attend_workspace ws(G, d, n);
@@ -77,11 +86,8 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
 // rollback and an explicit refresh then never allocate.
 TEST(IndexAllocation, BuildAppendTruncateAndRefreshWithinReserveDoNotAllocate) {
   const std::size_t n = 5000, n0 = 300, d = 128;
-  synthetic::cache_config cfg;
-  cfg.n_tokens = n;
-  cfg.head_dim = d;
-  const auto cache = synthetic::make_cache(cfg);
-  const strided_kv<half> kv(cache.key_row(0, 0), cache.value_row(0, 0), n, d, d, d);
+  const auto cache = one_head(n, d, synthetic::regime::kMixed);
+  const strided_kv<half> kv = view_of(cache);
   key_index idx(d);
   idx.reserve(n);
   g_allocations = 0;

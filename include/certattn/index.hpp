@@ -248,13 +248,7 @@ class key_index {
   /// max ||v_t - g|| over t < pool_end outside the exact set, rounded up:
   /// R(c0) = base + ||g - c0|| bounds the pool's ||v_i - c0||.
   double value_radius_base(std::size_t pool_end) const noexcept {
-    if (pool_end == 0) return 0.0;
-    pool_end = std::min(pool_end, n_);
-    const std::size_t b = pool_end / kBlockTokens;
-    float m = b > 0 ? block_prefix_max_[b - 1] : 0.0f;
-    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t)
-      if (dist_[t] <= cap_) m = std::max(m, dist_[t]);
-    return double(m);
+    return prefix_max(pool_end, block_prefix_max_, [this](float x) { return x <= cap_; });
   }
 
   /// The reach floor rho_bar of value-aware sampling (value_bounds.hpp): the median of the
@@ -271,13 +265,7 @@ class key_index {
   std::span<const std::uint32_t> overflow_tokens() const noexcept { return overflow_; }
   /// max ||v_t - g|| over every t < pool_end whose distance is finite (exact set included).
   double value_distance_max(std::size_t pool_end) const noexcept {
-    if (pool_end == 0) return 0.0;
-    pool_end = std::min(pool_end, n_);
-    const std::size_t b = pool_end / kBlockTokens;
-    float m = b > 0 ? block_prefix_max_all_[b - 1] : 0.0f;
-    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t)
-      if (std::isfinite(dist_[t])) m = std::max(m, dist_[t]);
-    return double(m);
+    return prefix_max(pool_end, block_prefix_max_all_, [](float x) { return std::isfinite(x); });
   }
 
   /// max |k| over every indexed key element: the certified call checks with it that the
@@ -482,6 +470,20 @@ class key_index {
     std::memset(codes4_.data() + b * block_code4_bytes(), 0, block_code4_bytes());
     std::memset(codes8_.data() + t0 * dp_, 0, kBlockTokens * dp_);
     for (std::size_t t = t0; t < t1; ++t) encode_token(rows_.data() + (t - t0) * d_, b, t - t0);
+  }
+
+  /// max of dist_[t] over t < pool_end with keep(dist_[t]): the whole blocks from their
+  /// prefix maxima (kept with the same predicate), the rest token by token.
+  template <class Keep>
+  double prefix_max(std::size_t pool_end, const std::vector<float>& block_prefix,
+                    Keep keep) const noexcept {
+    if (pool_end == 0) return 0.0;
+    pool_end = std::min(pool_end, n_);
+    const std::size_t b = pool_end / kBlockTokens;
+    float m = b > 0 ? block_prefix[b - 1] : 0.0f;
+    for (std::size_t t = b * kBlockTokens; t < pool_end; ++t)
+      if (keep(dist_[t])) m = std::max(m, dist_[t]);
+    return double(m);
   }
 
   /// Prefix maxima of the distances, outside the exact set and all finite, blocks 0..b.
