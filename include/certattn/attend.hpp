@@ -750,7 +750,7 @@ struct detail_attend {
           o[i] = float(radius.center_at(i) + window_num[i] / window_weight);
         cert.certified = cert.exact = true;
         cert.max_score = ws.head_max_[g];
-        cert.denominator = std::ldexp(window_weight, top);
+        cert.denominator = unshift(window_weight, ws.head_c_[g], ws.head_max_[g], top);
         done = true;
       } else {
         const int first_last = first_pass_levels(opt);
@@ -791,12 +791,12 @@ struct detail_attend {
             for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.o_hat_[i]);
             cert.certified = true;
             cert.level = j;
-            cert.tau = std::ldexp(sums.tau, top);  // relative to the largest weight
+            cert.tau = unshift(sums.tau, c, ws.head_max_[g], top);  // relative to the largest weight
             cert.bound = lr.bound;
             cert.beta = lr.beta;
             cert.scale_value = lr.scale_value;
             cert.max_score = ws.head_max_[g];
-            cert.denominator = std::ldexp(lr.d_hat, top);
+            cert.denominator = unshift(lr.d_hat, c, ws.head_max_[g], top);
             cert.heavy = st.heavy;
             cert.sampled = st.light_count;
             done = true;

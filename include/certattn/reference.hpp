@@ -194,12 +194,12 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       certificate& cert = res.cert;
       cert.certified = true;
       cert.level = j;
-      cert.tau = std::ldexp(tau, top);  // relative to the largest weight
+      cert.tau = unshift(tau, cw, c, top);  // relative to the largest weight
       cert.bound = lr.bound;
       cert.beta = lr.beta;
       cert.scale_value = lr.scale_value;
       cert.max_score = c;
-      cert.denominator = std::ldexp(lr.d_hat, top);
+      cert.denominator = unshift(lr.d_hat, cw, c, top);
       cert.heavy = heavy;
       cert.sampled = sums.light_count;
       // The reference reads every key; it reports what an exact candidate generator
