@@ -4,6 +4,7 @@
 
 #include <certattn/common.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -80,12 +81,15 @@ inline routing routing_from_string(std::string_view s) {
 /// share of the stages that read every pool key's 4-bit codes (scan, perturbation bounds,
 /// max score); `per_key` the cost of one sampled key (candidate refinement, its exact key
 /// and value rows, read at random positions) in units of one token of the dense kernel.
-/// The defaults are a least-squares fit over ten regimes at 32K and 128K tokens, G = 4,
-/// one thread (docs/bench.md, "Cost model"); `certattn-bench speed --fit-cost` fits them
-/// on another machine.
+/// The defaults are a least-squares fit over ten regimes at 16K, 32K and 128K tokens,
+/// G = 4, one thread (docs/bench.md, "Routing and the cost model");
+/// `certattn-bench speed --fit-cost` fits them on another machine. `give_up` is the
+/// predicted cost at which a call stops sampling (sample_budget()): a call then costs at
+/// most about give_up + 1 dense kernels (the spent part, then one dense pass).
 struct cost_model {
-  double fixed = 0.25;
-  double per_key = 8.0;
+  double fixed = 0.6;
+  double per_key = 6.4;
+  double give_up = 2.0;
   double predicted(std::size_t sampled, std::size_t tokens) const noexcept {
     return fixed + per_key * double(sampled) / double(tokens);
   }
@@ -175,6 +179,9 @@ inline void validate(const options& o) {
   if (!(o.cost.per_key > 0.0) || !std::isfinite(o.cost.per_key))
     throw error("options.cost.per_key must be finite and > 0, got " +
                 std::to_string(o.cost.per_key));
+  if (!(o.cost.give_up >= 1.0) || !std::isfinite(o.cost.give_up))
+    throw error("options.cost.give_up must be finite and >= 1, got " +
+                std::to_string(o.cost.give_up));
   switch (o.scale) {
     case error_scale::kDenominator:
     case error_scale::kOutputNorm:
@@ -212,14 +219,14 @@ inline std::string_view to_string(answer_path p) noexcept {
 }
 
 /// The most pool keys (heavy and sampled light, summed over the heads in call order) a
-/// group call may take into its samples before it stops: the break-even of options.cost,
-/// where the sparse path's predicted cost reaches the dense kernel's. The head whose level
-/// loop crosses it, and every later head of the group, is answered by one exact pass, so
-/// that a call costs at most about twice the dense kernel (ski rental: the break-even
-/// spent, then the dense pass). Unlimited when options.route is kOff.
+/// group call may take into its samples before it stops: where the sparse path's
+/// predicted cost reaches options.cost.give_up dense kernels. The head whose level loop
+/// crosses it, and every later head of the group, is answered by one exact pass, so that
+/// a call costs at most about give_up + 1 dense kernels (the budget spent, then the dense
+/// pass). Unlimited when options.route is kOff.
 inline std::size_t sample_budget(const options& o, std::size_t tokens) noexcept {
   if (o.route == routing::kOff) return std::size_t(-1);
-  const double b = (1.0 - o.cost.fixed) * double(tokens) / o.cost.per_key;
+  const double b = std::max(0.0, o.cost.give_up - o.cost.fixed) * double(tokens) / o.cost.per_key;
   return b >= 0x1p62 ? std::size_t(-1) : std::size_t(b);
 }
 
