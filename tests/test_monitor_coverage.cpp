@@ -83,16 +83,14 @@ TEST(MonitorCoverage, BettingCoversIid) {
   }
 }
 
-// The related project's finding (betting misses under bursty drift with adaptive sampling,
-// miss rate 0.825 there), reproduced. Under drift the capital of the true running mean is
-// no martingale: the bets shrink like 1/sqrt(t log t), so the sequence tracks a
-// bet-weighted mean that over-weights early calls and misses after each phase transition.
-// The miss rate grows with the horizon (docs/monitor.md: 0.9 of streams at T = 1e5 with 5%
-// probing, fixed or adaptive). Here the failure is asserted: the miss count must exceed
-// what a level-alpha sequence could produce except with probability 1e-6. With the
-// measured miss rates at this horizon (0.34 adaptive, 0.40 fixed) a failure to observe it
-// has probability < 1e-40. Both probing modes fail; the adaptive one is the related
-// project's finding.
+// Betting misses under bursty drift, with adaptive and with fixed sampling. Under drift
+// the capital of the true running mean is no martingale: the bets shrink like
+// 1/sqrt(t log t), so the sequence tracks a bet-weighted mean that over-weights early
+// calls and misses after each phase transition. The miss rate grows with the horizon
+// (docs/monitor.md: 0.9 of streams at T = 1e5 with 5% probing, fixed or adaptive). Here
+// the failure is asserted: the miss count must exceed what a level-alpha sequence could
+// produce except with probability 1e-6. With the measured miss rates at this horizon
+// (0.34 adaptive, 0.40 fixed) a failure to observe it has probability < 1e-40.
 TEST(MonitorCoverage, BettingFailsUnderBurstyDrift) {
   const misses& adaptive = cell(regime::kBursty, true);
   EXPECT_GT(std::size_t(adaptive.either[2]), critical()) << "betting, bursty, adaptive";
