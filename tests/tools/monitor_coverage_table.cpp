@@ -2,7 +2,7 @@
 // estimator x {i.i.d., bursty} x {fixed, adaptive probing} at T = 10^4 (1000 streams) and
 // T = 10^5 (200 streams), for heavy (target 0.30, p_min 0.10) and light (0.05, 0.01)
 // probing. Miss rates are fractions of streams; upper and width are means at t = T.
-// A few minutes in a Release build:
+// About 7 minutes in a Release build on 2 shared cores:
 //   build/release/tests/certattn_monitor_coverage_table
 #include <cstdio>
 #include <string>
