@@ -184,6 +184,14 @@ class cache_flusher {
 /// std::thread::hardware_concurrency(), at least 1.
 std::size_t threads_available();
 
+/// The keys every command's JSON "machine" object has: "isa" (active_isa()) and
+/// "threads_available". Inline, so that programs without report.cpp (the npy self-test)
+/// link bench_common.cpp alone.
+inline void machine_fields(json_writer& j) {
+  j.key("isa").value(std::string(to_string(active_isa())));
+  j.key("threads_available").value(std::uint64_t(threads_available()));
+}
+
 // ---- progress on stderr ----------------------------------------------------------------------
 
 /// A one-line progress indicator for runs longer than a few seconds: silent for the first

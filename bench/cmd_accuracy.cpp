@@ -762,18 +762,7 @@ struct target_row {
 };
 
 void write_gnuplot(const std::string& script, const std::vector<std::string>& files) {
-  if (!gnuplot_on_path()) {
-    std::fprintf(stderr, "--plot: gnuplot is not on PATH, no plots written (Debian: apt-get install gnuplot-nox)\n");
-    return;
-  }
-  std::FILE* gp = popen("gnuplot", "w");
-  if (gp == nullptr) {
-    std::fprintf(stderr, "--plot: cannot start gnuplot, no plots written\n");
-    return;
-  }
-  std::fwrite(script.data(), 1, script.size(), gp);
-  const int status = pclose(gp);
-  if (status != 0) std::fprintf(stderr, "--plot: gnuplot exited with status %d\n", status);
+  if (!run_gnuplot(script)) return;
   for (const std::string& file : files) {
     std::error_code ec;
     if (std::filesystem::exists(file, ec) && std::filesystem::file_size(file, ec) > 0)
@@ -1160,8 +1149,7 @@ void report(const accuracy_flags& f, const std::vector<setting_result>& results)
     json_writer j;
     j.begin_object().key("command").value("accuracy");
     j.key("machine").begin_object();
-    j.key("isa").value(std::string(to_string(active_isa())));
-    j.key("threads_available").value(std::uint64_t(threads_available()));
+    machine_fields(j);
     j.end_object();
     j.key("config").begin_object(true);
     j.key("quick").value(f.quick).key("eps").value(f.eps).key("delta").value(f.delta).key("match").value(f.match);
@@ -1186,20 +1174,14 @@ void report(const accuracy_flags& f, const std::vector<setting_result>& results)
       j.end_object();
     }
     j.end_array();
-    j.key("rows").begin_array();
-    for (const record& r : recs) j.begin_object(true).fields(r).end_object();
-    j.end_array().end_object();
-    write_file(f.json, j.str());
-    std::printf("wrote %s\n", f.json.c_str());
+    finish_json(j, recs, f.json);
   }
   if (!f.csv.empty()) {
-    write_file(f.csv, to_csv(recs));
-    std::printf("wrote %s\n", f.csv.c_str());
+    write_csv(f.csv, recs);
     // One CSV holds one table: the cost table goes beside it.
     const std::filesystem::path p(f.csv);
     const std::string cost_csv = (p.parent_path() / (p.stem().string() + "_guarantee_cost.csv")).string();
-    write_file(cost_csv, to_csv(cost_recs));
-    std::printf("wrote %s\n", cost_csv.c_str());
+    write_csv(cost_csv, cost_recs);
   }
   if (!f.plot.empty()) plots(f, results);
 }

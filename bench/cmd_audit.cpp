@@ -412,8 +412,7 @@ void run_audit(audit_flags f) {
     json_writer j;
     j.begin_object().key("command").value("audit");
     j.key("machine").begin_object();
-    j.key("isa").value(std::string(to_string(active_isa())));
-    j.key("threads_available").value(std::uint64_t(threads_available()));
+    machine_fields(j);
     j.end_object();
     j.key("summary").begin_object(true);
     j.key("calls").value(std::uint64_t(calls)).key("certified").value(std::uint64_t(certified));
@@ -422,15 +421,10 @@ void run_audit(audit_flags f) {
     j.key("checked").value(std::uint64_t(checked)).key("disagreements").value(std::uint64_t(disagreements));
     j.key("failed_rows").value(std::uint64_t(failed)).key("pass").value(failed == 0);
     j.end_object();
-    j.key("rows").begin_array();
-    for (const record& r : recs) j.begin_object(true).fields(r).end_object();
-    j.end_array().end_object();
-    write_file(f.json, j.str());
-    std::printf("wrote %s\n", f.json.c_str());
+    finish_json(j, recs, f.json);
   }
   if (!f.csv.empty()) {
-    write_file(f.csv, to_csv(recs));
-    std::printf("wrote %s\n", f.csv.c_str());
+    write_csv(f.csv, recs);
   }
   if (failed > 0)
     throw error(strf("audit failed: %zu of %zu rows fail (%zu disagreement(s) with the reference; violations above "

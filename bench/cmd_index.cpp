@@ -146,22 +146,16 @@ void report(const grid_flags& f, const grid& g, const std::vector<index_row>& ro
     json_writer j;
     j.begin_object().key("command").value("index");
     j.key("machine").begin_object(true);
-    j.key("isa").value(std::string(to_string(active_isa())));
-    j.key("threads_available").value(std::uint64_t(threads_available()));
+    machine_fields(j);
     j.end_object();
     j.key("config").begin_object(true);
     j.key("steps").value(std::uint64_t(f.reps)).key("warmup").value(std::uint64_t(f.warmup));
     j.key("seed").value(std::uint64_t(f.seed)).key("flush_mib").value(std::uint64_t(f.flush_mib));
     j.end_object();
-    j.key("rows").begin_array();
-    for (const record& r : recs) j.begin_object(true).fields(r).end_object();
-    j.end_array().end_object();
-    write_file(f.json, j.str());
-    std::printf("wrote %s\n", f.json.c_str());
+    finish_json(j, recs, f.json);
   }
   if (!f.csv.empty()) {
-    write_file(f.csv, to_csv(recs));
-    std::printf("wrote %s\n", f.csv.c_str());
+    write_csv(f.csv, recs);
   }
   if (!f.plot.empty()) {
     plot_spec build{"index_build_vs_context.png", "key_index::build throughput", "context (tokens)",

@@ -393,8 +393,7 @@ void run_monitor(const monitor_flags& f) {
     json_writer j;
     j.begin_object().key("command").value("monitor");
     j.key("machine").begin_object(true);
-    j.key("isa").value(std::string(to_string(active_isa())));
-    j.key("threads_available").value(std::uint64_t(threads_available()));
+    machine_fields(j);
     j.end_object();
     j.key("config").begin_object(true);
     j.key("regime").value(f.regime).key("context").value(std::uint64_t(n0));
@@ -404,15 +403,10 @@ void run_monitor(const monitor_flags& f) {
     j.key("alpha").value(f.alpha).key("probe_rate").value(f.probe_rate).key("p_min").value(f.p_min);
     j.key("k").value(std::uint64_t(k)).key("seed").value(std::uint64_t(f.seed)).key("seconds").value(secs);
     j.end_object();
-    j.key("rows").begin_array();
-    for (const record& r : recs) j.begin_object(true).fields(r).end_object();
-    j.end_array().end_object();
-    write_file(f.json, j.str());
-    std::printf("wrote %s\n", f.json.c_str());
+    finish_json(j, recs, f.json);
   }
   if (!f.csv.empty()) {
-    write_file(f.csv, to_csv(recs));
-    std::printf("wrote %s\n", f.csv.c_str());
+    write_csv(f.csv, recs);
   }
 }
 

@@ -343,8 +343,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     j.key("read_gbps_by_threads").begin_object(true);
     for (const auto& [t, bw] : bandwidth) j.key(std::to_string(t)).value(bw);
     j.end_object();
-    j.key("isa").value(std::string(to_string(active_isa())));
-    j.key("threads_available").value(std::uint64_t(threads_available()));
+    machine_fields(j);
     j.end_object();
     j.key("config").begin_object(true);
     j.key("reps").value(std::uint64_t(f.reps)).key("warmup").value(std::uint64_t(f.warmup));
@@ -356,15 +355,10 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     j.key("profile_stages").value(false);
 #endif
     j.end_object();
-    j.key("rows").begin_array();
-    for (const record& r : recs) j.begin_object(true).fields(r).end_object();
-    j.end_array().end_object();
-    write_file(f.json, j.str());
-    std::printf("wrote %s\n", f.json.c_str());
+    finish_json(j, recs, f.json);
   }
   if (!f.csv.empty()) {
-    write_file(f.csv, to_csv(recs));
-    std::printf("wrote %s\n", f.csv.c_str());
+    write_csv(f.csv, recs);
   }
   if (!f.plot.empty()) {
     const bool ml = g.layouts.size() > 1, mt = g.threads.size() > 1;

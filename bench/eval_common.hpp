@@ -5,6 +5,7 @@
 
 #include "bench_common.hpp"
 #include "npy.hpp"
+#include "../tests/support/stats.hpp"
 
 #include <certattn/arch/dispatch.hpp>
 #include <certattn/arch/score_dot.hpp>
@@ -179,51 +180,10 @@ inline double quantile(std::vector<double>& v, double q) {
 
 // ---- exact binomial bounds ---------------------------------------------------------------------
 
-namespace detail_binomial {
-/// Continued fraction of the incomplete beta function (Numerical Recipes' betacf).
-inline double beta_cf(double a, double b, double x) {
-  const double tiny = 1e-300;
-  double qab = a + b, qap = a + 1, qam = a - 1, c = 1, d = 1 - qab * x / qap;
-  if (std::fabs(d) < tiny) d = tiny;
-  d = 1 / d;
-  double h = d;
-  for (int m = 1; m <= 10000; ++m) {
-    const double m2 = 2.0 * m;
-    double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
-    d = 1 + aa * d;
-    if (std::fabs(d) < tiny) d = tiny;
-    c = 1 + aa / c;
-    if (std::fabs(c) < tiny) c = tiny;
-    d = 1 / d;
-    h *= d * c;
-    aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
-    d = 1 + aa * d;
-    if (std::fabs(d) < tiny) d = tiny;
-    c = 1 + aa / c;
-    if (std::fabs(c) < tiny) c = tiny;
-    d = 1 / d;
-    const double del = d * c;
-    h *= del;
-    if (std::fabs(del - 1) < 1e-15) break;
-  }
-  return h;
-}
-}  // namespace detail_binomial
-
-/// The regularised incomplete beta function I_x(a, b).
-inline double incomplete_beta(double a, double b, double x) {
-  if (x <= 0) return 0;
-  if (x >= 1) return 1;
-  const double lbt = std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x);
-  if (x < (a + 1) / (a + b + 2)) return std::exp(lbt) * detail_binomial::beta_cf(a, b, x) / a;
-  return 1 - std::exp(lbt) * detail_binomial::beta_cf(b, a, 1 - x) / b;
-}
-
-/// P(X >= k) for X ~ Binomial(n, p).
+/// P(X >= k) for X ~ Binomial(n, p), by the regularised incomplete beta function of the
+/// test suite's statistics (tests/support/stats.hpp: one copy for the tests and the bench).
 inline double binomial_upper_tail(std::size_t k, std::size_t n, double p) {
-  if (k == 0) return 1;
-  if (k > n) return 0;
-  return incomplete_beta(double(k), double(n - k + 1), p);
+  return certattn::test::binomial_sf(k, n, p);
 }
 
 /// Clopper-Pearson one-sided upper confidence bound on a rate from k events in n trials:

@@ -172,6 +172,19 @@ std::string to_csv(const std::vector<record>& rows) {
   return o;
 }
 
+void finish_json(json_writer& j, const std::vector<record>& rows, const std::string& path) {
+  j.key("rows").begin_array();
+  for (const record& r : rows) j.begin_object(true).fields(r).end_object();
+  j.end_array().end_object();
+  write_file(path, j.str());
+  std::printf("wrote %s\n", path.c_str());
+}
+
+void write_csv(const std::string& path, const std::vector<record>& rows) {
+  write_file(path, to_csv(rows));
+  std::printf("wrote %s\n", path.c_str());
+}
+
 // ---- text ------------------------------------------------------------------------------------
 
 std::string strf(const char* fmt, ...) {
@@ -255,15 +268,34 @@ std::string tic_label(double x) {
 }
 }  // namespace
 
+namespace {
+/// gnuplot_on_path(), saying on stderr what to install when it is false.
+bool gnuplot_or_say_why() {
+  if (gnuplot_on_path()) return true;
+  std::fprintf(stderr,
+               "--plot: gnuplot is not on PATH, no plots written (Debian: apt-get install "
+               "gnuplot-nox)\n");
+  return false;
+}
+}  // namespace
+
+bool run_gnuplot(const std::string& script) {
+  if (!gnuplot_or_say_why()) return false;
+  std::FILE* gp = popen("gnuplot", "w");
+  if (gp == nullptr) {
+    std::fprintf(stderr, "--plot: cannot start gnuplot, no plots written\n");
+    return false;
+  }
+  std::fwrite(script.data(), 1, script.size(), gp);
+  const int status = pclose(gp);
+  if (status != 0) std::fprintf(stderr, "--plot: gnuplot exited with status %d\n", status);
+  return true;
+}
+
 std::vector<std::string> write_plots(const std::string& dir, const std::vector<plot_spec>& plots) {
   std::vector<std::string> written;
   if (plots.empty()) return written;
-  if (!gnuplot_on_path()) {
-    std::fprintf(stderr,
-                 "--plot: gnuplot is not on PATH, no plots written (Debian: apt-get install "
-                 "gnuplot-nox)\n");
-    return written;
-  }
+  if (!gnuplot_or_say_why()) return written;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw error("--plot: cannot create directory '" + dir + "': " + ec.message());
@@ -310,14 +342,7 @@ std::vector<std::string> write_plots(const std::string& dir, const std::vector<p
     script += plot_cmd + "\n" + data;
     script += "unset output\n";
   }
-  std::FILE* gp = popen("gnuplot", "w");
-  if (gp == nullptr) {
-    std::fprintf(stderr, "--plot: cannot start gnuplot, no plots written\n");
-    return written;
-  }
-  std::fwrite(script.data(), 1, script.size(), gp);
-  const int status = pclose(gp);
-  if (status != 0) std::fprintf(stderr, "--plot: gnuplot exited with status %d\n", status);
+  if (!run_gnuplot(script)) return written;
   for (const plot_spec& p : plots) {
     const std::string file = (std::filesystem::path(dir) / p.file).string();
     if (std::filesystem::exists(file, ec) && std::filesystem::file_size(file, ec) > 0)

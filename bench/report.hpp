@@ -55,6 +55,13 @@ void write_file(const std::string& path, const std::string& text);
 /// CSV with a header row from the first record's names (RFC 4180 quoting).
 std::string to_csv(const std::vector<record>& rows);
 
+/// Ends a document opened with j.begin_object(): appends "rows", one inline object per
+/// record, closes it, writes it to `path` and prints "wrote <path>".
+void finish_json(json_writer& j, const std::vector<record>& rows, const std::string& path);
+
+/// Writes `rows` as CSV (to_csv) to `path` and prints "wrote <path>".
+void write_csv(const std::string& path, const std::vector<record>& rows);
+
 /// A text table with right-aligned columns (a header starting with '<' is left-aligned;
 /// the '<' is not printed).
 class text_table {
@@ -88,6 +95,11 @@ struct plot_spec {
 
 /// True if an executable `gnuplot` is on PATH.
 bool gnuplot_on_path();
+
+/// Pipes `script` into gnuplot. Without gnuplot on PATH, or when it cannot be started, it
+/// prints why to stderr (naming --plot) and returns false; a non-zero exit status is
+/// reported on stderr. The caller checks which files were written.
+bool run_gnuplot(const std::string& script);
 
 /// Draws each plot as a PNG in `dir` (created if missing) by piping a script into
 /// gnuplot, then checks that every file exists and is not empty. Without gnuplot on PATH

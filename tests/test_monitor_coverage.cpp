@@ -21,128 +21,15 @@
 #include <deque>
 #include <random>
 
+#include "support/monitor_streams.hpp"
 #include "support/stats.hpp"
 
 namespace {
 
-using certattn::cs_estimator;
-using certattn::fidelity_monitor;
-using certattn::monitor_options;
+using namespace certattn::test::monitor_streams;
 using certattn::probe_action;
 
-constexpr double kAlpha = 0.05;
-constexpr int kStreams = 1000;
 constexpr double kFalseFailure = 1e-6;
-constexpr std::array<cs_estimator, 3> kEstimators = {
-    cs_estimator::kHoeffding, cs_estimator::kEmpiricalBernstein, cs_estimator::kBetting};
-
-// ---------------------------------------------------------------- simulated streams
-//
-// Each call has a latent risk r and exceeds epsilon with probability r; its label-free
-// signal is r times log-normal noise (a noisy but informative predictor, like beta/epsilon
-// or the dropped attention mass).
-//   calm:  5% of calls are hard (r = 0.4), the rest r = 0.01     (rate ~ 0.03)
-//   burst: every call degrades to r = 0.9                         (rate   0.9)
-// i.i.d. streams stay calm. Bursty streams are a Markov chain of phases, calm -> burst
-// with probability 4/T per call and burst -> calm with 12/T, starting calm: a few sharp
-// phase transitions per stream at random times, the fidelity cliff switching on and off.
-enum class regime { kIid, kBursty };
-
-struct call {
-  bool exceeded;
-  double signal;
-};
-
-class stream {
- public:
-  stream(regime g, std::uint64_t horizon, std::uint64_t seed)
-      : g_(g), up_(4.0 / double(horizon)), down_(12.0 / double(horizon)), rng_(seed) {}
-
-  call next() {
-    if (g_ == regime::kBursty) burst_ = burst_ ? !(u_(rng_) < down_) : u_(rng_) < up_;
-    double r;
-    if (burst_) r = 0.9;
-    else r = u_(rng_) < 0.05 ? 0.4 : 0.01;
-    const bool x = u_(rng_) < r;
-    return {x, r * std::exp(0.5 * n_(rng_))};
-  }
-  bool in_burst() const noexcept { return burst_; }
-
- private:
-  regime g_;
-  double up_, down_;
-  bool burst_ = false;
-  std::mt19937_64 rng_;
-  std::uniform_real_distribution<double> u_{0.0, 1.0};
-  std::normal_distribution<double> n_{0.0, 1.0};
-};
-
-// Probing: fixed p = target, or adaptive p ~ sqrt(signal) normalised to mean target, both
-// with a floor p_min. The tests use target 0.3, p_min 0.1 (HT weights <= 10).
-struct cell_config {
-  regime g = regime::kIid;
-  bool adaptive = false;
-  std::uint64_t horizon = 3000;
-  int streams = kStreams;
-  double target = 0.3;
-  double p_min = 0.1;
-  std::size_t betting_grid = 64;
-  std::uint64_t seed = 1;
-};
-
-monitor_options make_options(const cell_config& c, std::uint64_t seed) {
-  monitor_options o;
-  o.alpha = kAlpha;
-  o.scheduler.target_rate = c.target;
-  o.scheduler.p_min = c.p_min;
-  o.scheduler.exponent = c.adaptive ? 0.5 : 0.0;
-  o.track_betting = true;
-  o.betting_grid = c.betting_grid;
-  o.seed = seed;
-  return o;
-}
-
-struct misses {
-  std::array<int, 3> upper{};  // streams where rate_t > upper_t at some t
-  std::array<int, 3> lower{};  // streams where rate_t < lower_t at some t
-  std::array<int, 3> either{};
-  std::array<double, 3> mean_upper{}, mean_width{};  // at t = T
-  double mean_rate = 0.0, mean_cost = 0.0;
-};
-
-misses run_cell(const cell_config& c) {
-  misses m;
-  for (int s = 0; s < c.streams; ++s) {
-    const std::uint64_t seed = c.seed + 7919 * std::uint64_t(s);
-    fidelity_monitor mon(make_options(c, seed));
-    stream st(c.g, c.horizon, seed ^ 0x5bd1e995ULL);
-    std::array<bool, 3> hi{}, lo{};
-    std::uint64_t sum_x = 0;
-    for (std::uint64_t t = 1; t <= c.horizon; ++t) {
-      const call x = st.next();
-      sum_x += x.exceeded;
-      if (mon.decide(t, x.signal).selected()) mon.observe(t, x.exceeded);
-      const double rate = double(sum_x) / double(t);
-      for (std::size_t e = 0; e < 3; ++e) {
-        const auto b = mon.statement(kAlpha, kEstimators[e]);
-        hi[e] = hi[e] || rate > b.upper_bound;
-        lo[e] = lo[e] || rate < b.lower_bound;
-        if (t == c.horizon) {
-          m.mean_upper[e] += b.upper_bound / c.streams;
-          m.mean_width[e] += (b.upper_bound - b.lower_bound) / c.streams;
-          if (e == 0) m.mean_cost += b.cost / c.streams;
-        }
-      }
-    }
-    m.mean_rate += double(sum_x) / double(c.horizon) / c.streams;
-    for (std::size_t e = 0; e < 3; ++e) {
-      m.upper[e] += hi[e];
-      m.lower[e] += lo[e];
-      m.either[e] += hi[e] || lo[e];
-    }
-  }
-  return m;
-}
 
 std::size_t critical() {
   static const std::size_t c =
@@ -196,16 +83,14 @@ TEST(MonitorCoverage, BettingCoversIid) {
   }
 }
 
-// The related project's finding (betting misses under bursty drift with adaptive sampling,
-// miss rate 0.825 there), reproduced. Under drift the capital of the true running mean is
-// no martingale: the bets shrink like 1/sqrt(t log t), so the sequence tracks a
-// bet-weighted mean that over-weights early calls and misses after each phase transition.
-// The miss rate grows with the horizon (docs/monitor.md: 0.9 of streams at T = 1e5 with 5%
-// probing, fixed or adaptive). Here the failure is asserted: the miss count must exceed
-// what a level-alpha sequence could produce except with probability 1e-6. With the
-// measured miss rates at this horizon (0.34 adaptive, 0.40 fixed) a failure to observe it
-// has probability < 1e-40. Both probing modes fail; the adaptive one is the related
-// project's finding.
+// Betting misses under bursty drift, with adaptive and with fixed sampling. Under drift
+// the capital of the true running mean is no martingale: the bets shrink like
+// 1/sqrt(t log t), so the sequence tracks a bet-weighted mean that over-weights early
+// calls and misses after each phase transition. The miss rate grows with the horizon
+// (docs/monitor.md: 0.9 of streams at T = 1e5 with 5% probing, fixed or adaptive). Here
+// the failure is asserted: the miss count must exceed what a level-alpha sequence could
+// produce except with probability 1e-6. With the measured miss rates at this horizon
+// (0.34 adaptive, 0.40 fixed) a failure to observe it has probability < 1e-40.
 TEST(MonitorCoverage, BettingFailsUnderBurstyDrift) {
   const misses& adaptive = cell(regime::kBursty, true);
   EXPECT_GT(std::size_t(adaptive.either[2]), critical()) << "betting, bursty, adaptive";
@@ -341,37 +226,6 @@ TEST(MonitorCoverage, ElasticPathKeepsCoverage) {
       EXPECT_EQ(r.dropped > 0, drop_stale);
       EXPECT_GT(r.skipped, 0u);
       EXPECT_GT(r.mean_upper, r.mean_upper_unloaded);
-    }
-  }
-}
-
-// The table of docs/monitor.md (Release build, a few minutes):
-//   test_monitor_coverage --gtest_also_run_disabled_tests --gtest_filter=*Table*
-// Miss rates are fractions of streams; upper and width are means at t = T.
-TEST(MonitorCoverage, DISABLED_PrintTable) {
-  std::printf("| probing (target, p_min) | T | streams | regime | probing | estimator | miss "
-              "upper | miss lower | miss either | mean upper | mean width | true rate | cost "
-              "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (auto [target, p_min] : {std::pair{0.3, 0.1}, std::pair{0.05, 0.01}}) {
-    for (auto [horizon, streams] : {std::pair{std::uint64_t(10000), 1000},
-                                    std::pair{std::uint64_t(100000), 200}}) {
-      for (regime g : {regime::kIid, regime::kBursty}) {
-        for (bool adaptive : {false, true}) {
-          const misses m = run_cell({.g = g, .adaptive = adaptive, .horizon = horizon,
-                                     .streams = streams, .target = target, .p_min = p_min,
-                                     .betting_grid = 128, .seed = 77});
-          for (std::size_t e = 0; e < 3; ++e)
-            std::printf("| %.2f, %.2f | %llu | %d | %s | %s | %s | %.3f | %.3f | %.3f | %.4f | "
-                        "%.4f | %.4f | %.4f |\n",
-                        target, p_min, static_cast<unsigned long long>(horizon), streams,
-                        g == regime::kIid ? "iid" : "bursty", adaptive ? "adaptive" : "fixed",
-                        std::string(certattn::to_string(kEstimators[e])).c_str(),
-                        double(m.upper[e]) / streams, double(m.lower[e]) / streams,
-                        double(m.either[e]) / streams, m.mean_upper[e], m.mean_width[e],
-                        m.mean_rate, m.mean_cost);
-          std::fflush(stdout);
-        }
-      }
     }
   }
 }

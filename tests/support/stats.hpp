@@ -1,5 +1,6 @@
-// Small, dependency-free statistics for the test suite: chi-square, Kolmogorov–Smirnov and
-// binomial tails, exact Poisson-binomial distributions, quantiles. Everything in double,
+// Small, dependency-free statistics for the test suite and the bench's exact binomial
+// bounds (bench/eval_common.hpp): chi-square, Kolmogorov–Smirnov and binomial tails, exact
+// Poisson-binomial distributions, quantiles. Everything in double,
 // written from the textbook formulas (Numerical Recipes' incomplete gamma / beta by series
 // and continued fractions), accurate to ~1e-10 relative where the tests use them.
 //
