@@ -30,6 +30,7 @@ if(MODE STREQUAL "find_package")
             --component certattn_Development
     COMMAND_ERROR_IS_FATAL ANY)
   foreach(f IN ITEMS include/certattn/certattn.hpp
+                     include/certattn/c/certattn.h
                      share/certattn/cmake/certattnConfig.cmake
                      share/certattn/cmake/certattnConfigVersion.cmake
                      share/certattn/cmake/certattnTargets.cmake)
@@ -129,4 +130,16 @@ execute_process(COMMAND ${exe} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the ${MODE} consumer failed (exit ${rc})")
 endif()
+# The C ABI's consumers (find_package: the installed certattn_c, shared and static).
+get_filename_component(exe_dir ${exe} DIRECTORY)
+foreach(c_exe IN ITEMS consumer_c consumer_c_static)
+  if(EXISTS ${exe_dir}/${c_exe})
+    execute_process(COMMAND ${exe_dir}/${c_exe} RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "the ${MODE} ${c_exe} failed (exit ${rc})")
+    endif()
+  elseif(MODE STREQUAL "find_package")
+    message(FATAL_ERROR "the ${MODE} consumer did not build ${c_exe}")
+  endif()
+endforeach()
 message(STATUS "the ${MODE} consumer built against certattn and ran: ok")
