@@ -1,5 +1,6 @@
-# install() + export of the header-only target, a relocatable certattnConfig.cmake that
-# finds Eigen and xsimd again, and a version file. Everything is in one component, so
+# install() + export of the header-only target (and of the C ABI's libraries when
+# CERTATTN_BUILD_C_API is on), a relocatable certattnConfig.cmake that finds Eigen and
+# xsimd again, and a version file. Everything is in one component, so
 # `cmake --install <build> --component certattn_Development` installs the library alone
 # whatever else (bench, examples) the build tree holds.
 include(CMakePackageConfigHelpers)
@@ -13,6 +14,13 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/
         COMPONENT certattn_Development)
 # An INTERFACE library installs no file itself; this only puts it in the export set.
 install(TARGETS certattn EXPORT certattnTargets)
+# The C ABI (CERTATTN_BUILD_C_API): certattn::certattn_c (shared) and certattn_c_static.
+if(TARGET certattn_c)
+  install(TARGETS certattn_c certattn_c_static EXPORT certattnTargets
+          RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT certattn_Development
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT certattn_Development
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT certattn_Development)
+endif()
 install(EXPORT certattnTargets
         NAMESPACE certattn::
         DESTINATION ${CERTATTN_CMAKE_DIR}
@@ -21,7 +29,9 @@ install(EXPORT certattnTargets
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/certattnConfig.cmake.in
   ${PROJECT_BINARY_DIR}/certattnConfig.cmake
   INSTALL_DESTINATION ${CERTATTN_CMAKE_DIR})
-# Header-only: the version file must not pin the architecture of the build machine.
+# Header-only: the version file must not pin the architecture of the build machine (the
+# optional C ABI libraries are built for it; a consumer of another architecture can still
+# use the headers).
 # SameMinorVersion: 0.x releases may break the API between minors.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/certattnConfigVersion.cmake
   COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)

@@ -6,7 +6,9 @@
 #   MODE=add_subdirectory  configure the consumer with CERTATTN_SOURCE_DIR=<checkout>
 #
 # Inputs (-D): MODE, CERTATTN_SOURCE_DIR, CERTATTN_BINARY_DIR, WORK_DIR, GENERATOR,
-# MAKE_PROGRAM, CXX_COMPILER, BUILD_TYPE, CXX_FLAGS, EXE_LINKER_FLAGS. The compiler, build
+# MAKE_PROGRAM, CXX_COMPILER, BUILD_TYPE, CXX_FLAGS, EXE_LINKER_FLAGS, C_API (1 when the
+# build has the C API's libraries: the find_package consumer then also builds and runs a C
+# program against each). The compiler, build
 # type and flags of the parent build are forwarded so the consumer is compiled the way the
 # preset compiles everything else (-Werror in dev, sanitizers in sanitize).
 cmake_minimum_required(VERSION 3.20)
@@ -30,6 +32,7 @@ if(MODE STREQUAL "find_package")
             --component certattn_Development
     COMMAND_ERROR_IS_FATAL ANY)
   foreach(f IN ITEMS include/certattn/certattn.hpp
+                     include/certattn/c/certattn.h
                      share/certattn/cmake/certattnConfig.cmake
                      share/certattn/cmake/certattnConfigVersion.cmake
                      share/certattn/cmake/certattnTargets.cmake)
@@ -81,6 +84,9 @@ if(MODE STREQUAL "find_package")
 
   list(APPEND consumer_args -DCMAKE_PREFIX_PATH=${prefix}
        -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON)
+  if(C_API)
+    list(APPEND consumer_args -DCERTATTN_EXPECT_C_API=ON)
+  endif()
 elseif(MODE STREQUAL "add_subdirectory")
   list(APPEND consumer_args -DCERTATTN_SOURCE_DIR=${CERTATTN_SOURCE_DIR})
 else()
@@ -129,4 +135,16 @@ execute_process(COMMAND ${exe} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the ${MODE} consumer failed (exit ${rc})")
 endif()
+# The C ABI's consumers (find_package: the installed certattn_c, shared and static).
+get_filename_component(exe_dir ${exe} DIRECTORY)
+foreach(c_exe IN ITEMS consumer_c consumer_c_static)
+  if(EXISTS ${exe_dir}/${c_exe})
+    execute_process(COMMAND ${exe_dir}/${c_exe} RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "the ${MODE} ${c_exe} failed (exit ${rc})")
+    endif()
+  elseif(MODE STREQUAL "find_package" AND C_API)
+    message(FATAL_ERROR "the ${MODE} consumer did not build ${c_exe}")
+  endif()
+endforeach()
 message(STATUS "the ${MODE} consumer built against certattn and ran: ok")

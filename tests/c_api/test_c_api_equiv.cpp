@@ -1,0 +1,335 @@
+// The C ABI gives exactly what the C++ API gives: the same outputs (bit for bit) and the
+// same certificates for the same cache, index, options and noise key, for every element
+// type, strided and paged layouts, with and without a group_history; the C handles hold
+// the C++ objects, so an index built through C equals one built in C++. And the C calls
+// that the C++ side makes without allocating (certified and dense calls, index appends
+// within a reservation) allocate nothing either. Deterministic: no statistical check.
+// This file replaces the global operator new to count allocations (the shared library's
+// calls resolve to it too), so it is its own test executable.
+#include <certattn/c/certattn.h>
+
+#include <certattn/attend.hpp>
+#include <certattn/dense.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/synthetic.hpp>
+
+#include "../support/layouts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace {
+std::atomic<long> g_allocations{0};
+std::atomic<bool> g_counting{false};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting.load()) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (g_counting.load()) ++g_allocations;
+  if (void* p = std::aligned_alloc(std::size_t(a), (n + std::size_t(a) - 1) / std::size_t(a) * std::size_t(a))) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace {
+using namespace certattn;
+using test::layout_kind;
+
+constexpr std::size_t kHead = 1;  // of two KV heads: offsets and strides matter
+
+template <class T>
+constexpr std::int32_t dtype_of() {
+  if constexpr (std::is_same_v<T, half>) return CERTATTN_DTYPE_F16;
+  if constexpr (std::is_same_v<T, bfloat16>) return CERTATTN_DTYPE_BF16;
+  return CERTATTN_DTYPE_F32;
+}
+
+// The C description of head kHead of a layout_cache (as its strided() / paged() views).
+template <class T>
+certattn_cache describe(const test::layout_cache<T>& c, std::size_t n) {
+  certattn_cache r;
+  std::memset(&r, 0, sizeof r);
+  r.dtype = dtype_of<T>();
+  r.n_tokens = n;
+  r.head_dim = c.d;
+  if (c.kind == layout_kind::kPaged) {
+    r.layout = CERTATTN_LAYOUT_PAGED;
+    r.keys = c.keys.data();
+    r.values = c.values.data();
+    r.block_table = c.table.data();
+    r.block_table_len = c.table.size();
+    r.page_size = c.page;
+    r.page_stride = c.heads * c.page * c.d;
+    r.token_stride = c.d;
+    r.head_offset = kHead * c.page * c.d;
+  } else {
+    const auto v = c.strided(kHead);
+    r.layout = CERTATTN_LAYOUT_STRIDED;
+    r.keys = v.key(0);
+    r.values = v.value(0);
+    r.key_stride = v.key_stride();
+    r.value_stride = v.value_stride();
+  }
+  return r;
+}
+
+certattn_options to_c(const options& o) {
+  certattn_options r;
+  EXPECT_EQ(certattn_options_default(&r), CERTATTN_OK);
+  r.epsilon = o.epsilon;
+  r.delta = o.delta;
+  r.scale = o.scale == error_scale::kDenominator   ? CERTATTN_SCALE_DENOMINATOR
+            : o.scale == error_scale::kOutputNorm ? CERTATTN_SCALE_OUTPUT_NORM
+                                                  : CERTATTN_SCALE_VALUE;
+  r.window = o.window;
+  r.grid_ratio = o.grid_ratio;
+  r.max_levels = o.max_levels;
+  r.grid_top = o.grid_top;
+  r.softmax_scale = o.softmax_scale;
+  r.seed = o.seed;
+  r.certificate = o.certificate == certificate_kind::kTight ? CERTATTN_CERTIFICATE_TIGHT
+                                                            : CERTATTN_CERTIFICATE_CLASSIC;
+  r.route = o.route == routing::kAuto ? CERTATTN_ROUTE_AUTO : CERTATTN_ROUTE_OFF;
+  r.cost.fixed = o.cost.fixed;
+  r.cost.per_key = o.cost.per_key;
+  return r;
+}
+
+void expect_same(const certificate& a, const certattn_certificate& b, const std::string& where) {
+  SCOPED_TRACE(where);
+  EXPECT_EQ(int(a.certified), b.certified);
+  EXPECT_EQ(int(a.exact), b.exact);
+  EXPECT_EQ(int(a.path), b.path);  // the C enumerators follow answer_path's order
+  EXPECT_EQ(a.level, b.level);
+  // Bit for bit: the same computation, only copied.
+  EXPECT_EQ(std::memcmp(&a.tau, &b.tau, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&a.bound, &b.bound, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&a.beta, &b.beta, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&a.scale_value, &b.scale_value, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&a.max_score, &b.max_score, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&a.denominator, &b.denominator, sizeof(double)), 0);
+  EXPECT_EQ(a.heavy, b.heavy);
+  EXPECT_EQ(a.sampled, b.sampled);
+  EXPECT_EQ(a.keys_read, b.keys_read);
+  EXPECT_EQ(a.values_read, b.values_read);
+  EXPECT_EQ(a.bytes_read, b.bytes_read);
+}
+
+struct equiv_case {
+  synthetic::regime regime;
+  layout_kind layout;
+  int dtype;  // 0 half, 1 bfloat16, 2 float
+};
+
+std::string name_of(const testing::TestParamInfo<equiv_case>& p) {
+  static const char* types[] = {"f16", "bf16", "f32"};
+  return std::string(synthetic::to_string(p.param.regime)) + "_" + test::to_string(p.param.layout) +
+         "_" + types[p.param.dtype];
+}
+
+class CApiEquivalence : public testing::TestWithParam<equiv_case> {};
+
+template <class T>
+void run_case(const equiv_case& p) {
+  constexpr std::size_t n = 4096, d = 64, G = 4;
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kv_heads = 2;
+  cfg.kind = p.regime;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const test::layout_cache<T> lc = test::make_layout_cache<T>(src, p.layout);
+  const certattn_cache cc = describe(lc, n);
+
+  auto with_view = [&](auto&& f) {
+    if (p.layout == layout_kind::kPaged)
+      f(lc.paged(kHead));
+    else
+      f(lc.strided(kHead));
+  };
+
+  with_view([&](const auto& kv) {
+    // Indexes: C++ built in one go; C built over a prefix and appended to within its
+    // reservation (counted: no allocation), then compared through the calls' results,
+    // which depend on every code and bound of the index.
+    key_index idx(d);
+    idx.build(kv);
+    certattn_index* cidx = nullptr;
+    ASSERT_EQ(certattn_index_create(d, &cidx), CERTATTN_OK);
+    ASSERT_EQ(certattn_index_reserve(cidx, n), CERTATTN_OK);
+    const certattn_cache prefix = describe(lc, n / 2);
+    g_allocations = 0;
+    g_counting = true;
+    ASSERT_EQ(certattn_index_build(cidx, &prefix), CERTATTN_OK) << certattn_last_error();
+    ASSERT_EQ(certattn_index_append_range(cidx, &cc, n / 2, n / 2), CERTATTN_OK);
+    ASSERT_EQ(certattn_index_refresh(cidx, &cc), CERTATTN_OK);  // bounds as a full build's
+    g_counting = false;
+    EXPECT_EQ(g_allocations.load(), 0) << "index build/append/refresh within the reservation";
+    // Appends leave the codes of a full build only for complete blocks; rebuild so that
+    // both indexes are the same (a build within the reservation allocates nothing).
+    g_counting = true;
+    ASSERT_EQ(certattn_index_build(cidx, &cc), CERTATTN_OK);
+    g_counting = false;
+    EXPECT_EQ(g_allocations.load(), 0);
+
+    attend_workspace ws(G, d, n);
+    certattn_workspace* cws = nullptr;
+    ASSERT_EQ(certattn_workspace_create(G, d, n, &cws), CERTATTN_OK);
+    group_history hist(G);
+    certattn_history* chist = nullptr;
+    g_allocations = 0;
+    g_counting = true;
+    ASSERT_EQ(certattn_history_create(G, &chist), CERTATTN_OK);
+    g_counting = false;
+    EXPECT_GT(g_allocations.load(), 0) << "the counter must see the library's allocations";
+
+    options tight;  // defaults: tight, value scale, routing on
+    options classic;
+    classic.certificate = certificate_kind::kClassic;
+    classic.route = routing::kOff;
+    classic.seed = 99;
+    options denom;
+    denom.scale = error_scale::kDenominator;
+    denom.epsilon = 0.05;
+    options outnorm;
+    outnorm.scale = error_scale::kOutputNorm;
+    outnorm.softmax_scale = 0.2;
+    outnorm.window = 16;
+
+    std::vector<float> out(G * d), cout_(G * d);
+    std::vector<certificate> certs(G);
+    std::vector<certattn_certificate> ccerts(G);
+    std::size_t sparse = 0, routed = 0;
+    long allocations = 0;
+    for (std::uint64_t step = 0; step < 10; ++step) {
+      const std::vector<float> q = synthetic::make_queries(src, kHead, G, step);
+      const noise_key nk(step, 2, kHead, step % 3);
+      const certattn_noise_key ck{step, 2, std::uint32_t(kHead), step % 3};
+      for (int variant = 0; variant < 4; ++variant) {
+        const options& o = variant == 0 ? tight : variant == 1 ? classic : variant == 2 ? denom : outnorm;
+        const bool with_history = variant == 0;  // the history follows one option set
+        const certattn_options co = to_c(o);
+        if (with_history)
+          attend_group(std::span<const float>(q), G, kv, idx, nk, o, std::span<float>(out),
+                       std::span<certificate>(certs), ws, hist);
+        else
+          attend_group(std::span<const float>(q), G, kv, idx, nk, o, std::span<float>(out),
+                       std::span<certificate>(certs), ws);
+        std::fill(cout_.begin(), cout_.end(), -1.0f);
+        g_allocations = 0;
+        g_counting = step > 0;  // the first call of each variant may warm up
+        const int rc = certattn_attend_group(q.data(), G, &cc, cidx, &ck, &co, cout_.data(),
+                                             ccerts.data(), cws, with_history ? chist : nullptr);
+        g_counting = false;
+        allocations += g_allocations.load();
+        ASSERT_EQ(rc, CERTATTN_OK) << certattn_last_error();
+        const std::string where = "step " + std::to_string(step) + ", variant " + std::to_string(variant);
+        EXPECT_EQ(std::memcmp(out.data(), cout_.data(), out.size() * sizeof(float)), 0) << where;
+        for (std::size_t g = 0; g < G; ++g) {
+          expect_same(certs[g], ccerts[g], where + ", head " + std::to_string(g));
+          sparse += certs[g].path == answer_path::kSampled;
+          routed += certs[g].path == answer_path::kRouted;
+        }
+        // The group statistics are the C++ workspace's.
+        certattn_group_stats st;
+        ASSERT_EQ(certattn_workspace_last_stats(cws, &st), CERTATTN_OK);
+        EXPECT_EQ(st.keys_read, ws.last_stats().keys_read) << where;
+        EXPECT_EQ(st.bytes_read, ws.last_stats().bytes_read) << where;
+        EXPECT_EQ(st.sampled, ws.last_stats().sampled) << where;
+        EXPECT_EQ(st.routed, ws.last_stats().routed) << where;
+      }
+      // The histories agree.
+      double cost = 0.0;
+      ASSERT_EQ(certattn_history_last_cost(chist, &cost), CERTATTN_OK);
+      if (std::isnan(hist.last_cost()))
+        EXPECT_TRUE(std::isnan(cost));
+      else
+        EXPECT_EQ(cost, hist.last_cost());
+      std::int32_t levels[G];
+      ASSERT_EQ(certattn_history_levels(chist, levels, G), CERTATTN_OK);
+      for (std::size_t g = 0; g < G; ++g) EXPECT_EQ(levels[g], hist.levels()[g]);
+
+      // The dense kernel: the C++ call's bits, without allocating.
+      dense_workspace dws(G, d);
+      dense_attend(std::span<const float>(q), G, kv, 0.0f, std::span<float>(out), dws);
+      g_allocations = 0;
+      g_counting = true;
+      ASSERT_EQ(certattn_dense_attend(q.data(), G, &cc, 0.0f, cout_.data(), cws), CERTATTN_OK);
+      g_counting = false;
+      allocations += g_allocations.load();
+      EXPECT_EQ(std::memcmp(out.data(), cout_.data(), out.size() * sizeof(float)), 0);
+    }
+    EXPECT_EQ(allocations, 0) << "certified and dense C calls after setup";
+    EXPECT_GT(sparse + routed, 0u);
+
+    // The exact reference: the C++ function's bits.
+    {
+      const std::vector<float> q = synthetic::make_queries(src, kHead, 1, 77);
+      std::vector<T> k, v;
+      test::gather_head(kv, k, v);
+      const exact_result r = exact_attention(std::span<const float>(q), make_matrix_view(k.data(), n, d),
+                                             make_matrix_view(v.data(), n, d), 0.3);
+      std::vector<double> o(d);
+      certattn_exact_result cr;
+      ASSERT_EQ(certattn_exact_attention(q.data(), &cc, 0.3, o.data(), &cr), CERTATTN_OK);
+      EXPECT_EQ(std::memcmp(o.data(), r.output.data(), d * sizeof(double)), 0);
+      EXPECT_EQ(cr.max_score, r.max_score);
+      EXPECT_EQ(cr.denominator, r.denominator);
+      EXPECT_EQ(cr.value_scale, r.value_scale);
+      EXPECT_EQ(cr.output_norm, r.output_norm);
+    }
+
+    certattn_history_destroy(chist);
+    certattn_workspace_destroy(cws);
+    certattn_index_destroy(cidx);
+  });
+}
+
+TEST_P(CApiEquivalence, SameBitsAndCertificatesAsTheCppCall) {
+  const equiv_case& p = GetParam();
+  switch (p.dtype) {
+    case 0: run_case<half>(p); break;
+    case 1: run_case<bfloat16>(p); break;
+    default: run_case<float>(p); break;
+  }
+}
+
+std::vector<equiv_case> cases() {
+  std::vector<equiv_case> c;
+  for (synthetic::regime r : {synthetic::regime::kMixed, synthetic::regime::kUniform})
+    for (layout_kind l : {layout_kind::kHnd, layout_kind::kNhd, layout_kind::kPaged})
+      for (int t = 0; t < 3; ++t) c.push_back({r, l, t});
+  c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 0});
+  c.push_back({synthetic::regime::kExtreme, layout_kind::kPaged, 1});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CApiEquivalence, testing::ValuesIn(cases()), name_of);
+
+// The enumerators of the C header follow the C++ enumerations' order (the equivalence
+// test above relies on it for answer_path).
+TEST(CApiLayout, EnumeratorsMatchTheCppOrder) {
+  EXPECT_EQ(int(answer_path::kSampled), CERTATTN_PATH_SAMPLED);
+  EXPECT_EQ(int(answer_path::kNoPool), CERTATTN_PATH_NO_POOL);
+  EXPECT_EQ(int(answer_path::kFallback), CERTATTN_PATH_FALLBACK);
+  EXPECT_EQ(int(answer_path::kOverBudget), CERTATTN_PATH_OVER_BUDGET);
+  EXPECT_EQ(int(answer_path::kJoined), CERTATTN_PATH_JOINED);
+  EXPECT_EQ(int(answer_path::kRouted), CERTATTN_PATH_ROUTED);
+  EXPECT_EQ(certattn_c_api_version(), CERTATTN_C_API_VERSION);
+}
+
+}  // namespace
