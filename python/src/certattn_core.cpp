@@ -15,6 +15,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -686,6 +687,46 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
   return rows;
 }
 
+/// The same certified calls made from C++ directly (attend_group per KV head on strided_kv
+/// views, workspaces made beforehand, certattn::thread_pool for a layer), timed per
+/// repeat: the baseline of the binding's overhead (python/bench/overhead.py). Step r of
+/// the repeats uses noise_key step first_step + r, as the Python loop does.
+std::vector<double> cpp_attend_seconds(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+                                       py_index& index, const options& opt, std::uint64_t first_step,
+                                       std::size_t threads, std::size_t repeats) {
+  const query_arg q = queries_of(q_in);
+  const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
+  check_pair(k, v);
+  index.check_cache(k);
+  if (q.heads != k.heads || q.d != k.d) throw py::value_error("q does not match the cache");
+  const std::size_t H = q.heads, G = q.group, d = q.d;
+  threads = std::min(std::max<std::size_t>(threads, 1), H);
+  std::vector<double> seconds(repeats);
+  py::gil_scoped_release nogil;
+  std::vector<attend_workspace> ws;
+  for (std::size_t w = 0; w < threads; ++w) ws.emplace_back(G, d, k.n);
+  std::vector<float> out(H * G * d);
+  std::vector<certificate> certs(H * G);
+  thread_pool pool(threads);
+  for (std::size_t r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto one = [&](std::size_t h, std::size_t w) {
+      dispatch(k.dtype, [&](auto t) {
+        attend_group(std::span<const float>(q.data + h * G * d, G * d), G, k.view_with<decltype(t)>(v, h),
+                     index.head(h), noise_key{first_step + r, 0u, k.layer ? h : 0u}, opt,
+                     std::span<float>(out.data() + h * G * d, G * d), std::span<certificate>(certs.data() + h * G, G),
+                     ws[w]);
+      });
+    };
+    if (threads == 1)
+      for (std::size_t h = 0; h < H; ++h) one(h, 0);
+    else
+      pool.parallel_for(H, one);
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return seconds;
+}
+
 /// The address the binding reads a cache argument at (zero-copy checks in the tests).
 std::uintptr_t cache_address(const py::array& a) {
   return reinterpret_cast<std::uintptr_t>(cache_of(a, "array").data);
@@ -756,5 +797,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("scales"), py::arg("eps"), py::arg("delta"), py::arg("seed"), py::arg("check_every"),
         py::arg("threads"));
   m.def("cache_address", &cache_address, py::arg("array"));
+  m.def("cpp_attend_seconds", &cpp_attend_seconds, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
+        py::arg("options"), py::arg("first_step"), py::arg("threads"), py::arg("repeats"));
   m.def("active_isa", [] { return std::string(to_string(active_isa())); });
 }
