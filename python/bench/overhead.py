@@ -40,8 +40,8 @@ def main():
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--blocks", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10, help="calls per block (a layer: a quarter, at least 2)")
+    p.add_argument("--blocks", type=int, default=20)
     a = p.parse_args()
     rng = np.random.default_rng(1)
     n, d, G, H = a.tokens, a.head_dim, a.group, a.kv_heads
@@ -58,7 +58,7 @@ def main():
     print(f"{'one group (1 KV head)':<28} {1e3 * c:>8.3f} {1e3 * py:>10.3f} {py / c:>11.3f}")
     layer = certattn.KeyIndex(k, v, threads=2)
     for t in (1, 2):
-        c, py = measure(q, k, v, layer, t, max(a.repeats // 4, 3), a.blocks)
+        c, py = measure(q, k, v, layer, t, max(a.repeats // 4, 2), a.blocks)
         print(f"{f'layer ({H} KV heads), {t} thr':<28} {1e3 * c:>8.3f} {1e3 * py:>10.3f} {py / c:>11.3f}")
 
 
