@@ -275,6 +275,9 @@ class py_index {
   }
 
   const key_index& head(std::size_t h) const { return idx_.at(h); }
+  /// Held by callers that read the indices without the members above (the reference, the
+  /// C++ timing), so that an append from another thread cannot run meanwhile.
+  std::mutex& mutex() const { return mu_; }
   dtype_code dtype_code_() const { return dtype_; }
 
   void check_cache(const cache_arg& k) const {
@@ -325,7 +328,7 @@ class py_index {
   dtype_code dtype_ = dtype_code::kFloat;
   bool layer_ = false;
   std::size_t d_ = 0, reserved_ = 0;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<std::unique_ptr<attend_workspace>> ws_;
   std::unique_ptr<thread_pool> pool_;
 };
@@ -487,6 +490,10 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
   cert_record* c = certs.mutable_data();
   {
     py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> lk;
+    if (index != nullptr) lk = std::unique_lock<std::mutex>(index->mutex());
+    if (index != nullptr && index->size() != k.n)
+      throw error("index holds " + std::to_string(index->size()) + " tokens, the cache " + std::to_string(k.n));
     for (std::size_t h = 0; h < q.heads; ++h) {
       const noise_key nk{step, layer, k.layer ? std::uint32_t(h) : kv_head};
       for (std::size_t g = 0; g < q.group; ++g) {
@@ -703,6 +710,8 @@ std::vector<double> cpp_attend_seconds(const py::array& q_in, const py::array& k
   threads = std::min(std::max<std::size_t>(threads, 1), H);
   std::vector<double> seconds(repeats);
   py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lk(index.mutex());
+  if (index.size() != k.n) throw error("index and cache sizes differ");
   std::vector<attend_workspace> ws;
   for (std::size_t w = 0; w < threads; ++w) ws.emplace_back(G, d, k.n);
   std::vector<float> out(H * G * d);

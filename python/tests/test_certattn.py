@@ -276,6 +276,25 @@ def test_strided_caches_read_in_place():
         assert np.array_equal(out, ref) and np.array_equal(c, rc)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_torch_strided_views_read_in_place(dtype):
+    k, v, q = synthetic_cache(1000, 32, heads=2, seed=18, steps=1)
+    ck = torch.from_numpy(k.astype(np.float32)).to(dtype)
+    cv = torch.from_numpy(v.astype(np.float32)).to(dtype)
+    ref, rc = certattn.attend(q[0], ck, cv, certattn.KeyIndex(ck, cv), seed=1)
+    hk = torch.zeros(2, 1500, 32, dtype=dtype)
+    hv = torch.zeros_like(hk)
+    hk[:, :1000], hv[:, :1000] = ck, cv
+    nk = torch.zeros(1500, 2, 32, dtype=dtype)
+    nv = torch.zeros_like(nk)
+    nk[:1000], nv[:1000] = ck.transpose(0, 1), cv.transpose(0, 1)
+    for kk, vv in ((hk[:, :1000], hv[:, :1000]), (nk[:1000].transpose(0, 1), nv[:1000].transpose(0, 1))):
+        assert not kk.is_contiguous()
+        assert certattn._core.cache_address(certattn._cache(kk, "k")) == kk.data_ptr()
+        out, c = certattn.attend(q[0], kk, vv, certattn.KeyIndex(kk, vv), seed=1)
+        assert np.array_equal(out, ref) and np.array_equal(c, rc)
+
+
 def test_append_and_truncate():
     """An index grown by appends, and one truncated, give the reference's answer with
     their own value bounds (a fresh build may centre the values elsewhere, so its samples
