@@ -28,16 +28,12 @@ __all__ = [
     "AuditReport", "CERTIFICATE_DTYPE", "EXACT_DTYPE", "active_isa",
 ]
 
-#: The record of one certificate (one query head): the fields of certattn::certificate.
-CERTIFICATE_DTYPE = np.dtype([
-    ("certified", "?"), ("exact", "?"), ("level", "<i4"), ("tau", "<f8"), ("bound", "<f8"),
-    ("beta", "<f8"), ("scale_value", "<f8"), ("max_score", "<f8"), ("denominator", "<f8"),
-    ("heavy", "<u8"), ("sampled", "<u8"), ("keys_read", "<u8"), ("values_read", "<u8"),
-    ("bytes_read", "<u8"),
-])
+#: The record of one certificate (one query head): the fields of certattn::certificate
+#: (certified, exact, level, tau, bound, beta, scale_value, max_score, denominator, heavy,
+#: sampled, keys_read, values_read, bytes_read), laid out as the C++ record.
+CERTIFICATE_DTYPE = _core.CERTIFICATE_DTYPE
 #: What exact_attention reports beside the output, per query head.
-EXACT_DTYPE = np.dtype([("max_score", "<f8"), ("denominator", "<f8"), ("value_scale", "<f8"),
-                        ("output_norm", "<f8")])
+EXACT_DTYPE = _core.EXACT_DTYPE
 
 
 def active_isa() -> str:
@@ -218,7 +214,7 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     perturbation key. A layer: k, v [kv_heads, n, d], q [kv_heads, G, d] or [n_heads, d]
     (query head h*G + g belongs to KV head h); ``threads`` KV heads run in parallel.
     q is unscaled (softmax_scale 0 means 1/sqrt(head_dim)). ``seed`` is fixed before
-    generation, ``step`` advances every call (docs/integration.md, "Seeds").
+    generation, ``step`` advances every call (docs/integration.md, "Perturbation seeds and steps").
     ``level_hints``: None, or the previous step's ``certs["level"]`` of this layer.
 
     Returns ``(out, certs)``: out float32 in q's shape (a torch tensor when q is one),

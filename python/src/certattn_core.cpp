@@ -748,6 +748,8 @@ PYBIND11_MODULE(_core, m) {
   PYBIND11_NUMPY_DTYPE(cert_record, certified, exact, level, tau, bound, beta, scale_value, max_score, denominator,
                        heavy, sampled, keys_read, values_read, bytes_read);
   PYBIND11_NUMPY_DTYPE(exact_record, max_score, denominator, value_scale, output_norm);
+  m.attr("CERTIFICATE_DTYPE") = py::dtype::of<cert_record>();
+  m.attr("EXACT_DTYPE") = py::dtype::of<exact_record>();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

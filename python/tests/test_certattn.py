@@ -242,6 +242,16 @@ def test_torch_equals_numpy(dtype):
     assert np.array_equal(certattn.exact_attention(tq, tk, tv)[0], certattn.exact_attention(nq, nk, nv)[0])
 
 
+def test_record_dtypes():
+    k, v, q = synthetic_cache(300, 32, seed=2, steps=1)
+    _, certs = certattn.attend(q[0], k, v, certattn.KeyIndex(k, v))
+    _, info = certattn.exact_attention(q[0], k, v)
+    assert certs.dtype == certattn.CERTIFICATE_DTYPE and info.dtype == certattn.EXACT_DTYPE
+    assert certattn.CERTIFICATE_DTYPE.names == (
+        "certified", "exact", "level", "tau", "bound", "beta", "scale_value", "max_score", "denominator", "heavy",
+        "sampled", "keys_read", "values_read", "bytes_read")
+
+
 def test_zero_copy():
     k, v, _ = synthetic_cache(300, 32, heads=2, seed=2)
     assert certattn._core.cache_address(k) == k.ctypes.data
