@@ -367,3 +367,23 @@ def test_gil_released_and_threads():
     for th in threads:
         th.join()
     assert np.array_equal(res[0], seq[0]) and np.array_equal(res[1], seq[1])
+
+
+def test_one_index_from_several_threads():
+    """Calls on one index from four Python threads (serialised by its mutex) equal the
+    sequential ones."""
+    k, v, q = synthetic_cache(3000, 32, heads=2, seed=33, steps=1)
+    idx = certattn.KeyIndex(k, v)
+    expected = [certattn.attend(q[0], k, v, idx, seed=1, step=s)[0] for s in range(20)]
+    got = {}
+
+    def run(t):
+        for s in range(t, 20, 4):
+            got[s] = certattn.attend(q[0], k, v, idx, seed=1, step=s, threads=2)[0]
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert all(np.array_equal(got[s], expected[s]) for s in range(20))
