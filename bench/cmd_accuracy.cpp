@@ -419,6 +419,7 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
   base.delta = f.delta;
   base.seed = f.seed;
   base.scale = error_scale::kValueScale;
+  base.route = routing::kOff;  // the accuracy tables study the sparse path's certificates
   validate_shape(base, n, d);
   const double scale = base.effective_softmax_scale(d);
   auto call_index = [&](std::size_t s, std::size_t h, std::size_t g) { return (s * H + h) * G + g; };

@@ -61,6 +61,7 @@ struct config {
     opt.scale = scale;
     opt.seed = f.seed;
     opt.certificate = certificate;
+    opt.route = routing::kOff;  // the audit studies the sparse path's certificates
     return opt;
   }
 };

@@ -198,6 +198,7 @@ void run_index(const grid_flags& f) {
   opt.epsilon = f.eps.front();
   opt.delta = f.delta.front();
   opt.seed = f.seed;
+  opt.route = routing::kOff;  // the sparse path, whose index this command maintains
   if (f.eps.size() > 1 || f.delta.size() > 1)
     std::fprintf(stderr, "index: the certified call uses the first --eps and --delta only\n");
 

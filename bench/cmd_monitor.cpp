@@ -171,6 +171,7 @@ void run_monitor(const monitor_flags& f) {
   opt.delta = f.delta;
   opt.seed = f.seed;
   opt.scale = error_scale::kValueScale;
+  opt.route = routing::kOff;  // the monitor watches the sparse path's certificates
   validate(opt);
   monitor_options mo;
   mo.estimator = est;

@@ -4,8 +4,10 @@
 // For each (regime, context): a synthetic cache and its key indexes are built once; for each
 // layout the cache is copied into that layout; for each thread count, epsilon, delta and
 // certificate the two methods run A B A B ... (warm-up steps first), each step with fresh
-// queries and fresh perturbations (noise_key.step advances every repetition). Each step passes
-// the levels the previous step stopped at as level hints, as a decoder would.
+// queries and fresh perturbations (noise_key.step advances every repetition). Every KV head
+// keeps a group_history across the steps of a configuration, as a decoder would: level hints,
+// and (routing auto) the routing of groups whose sparse path lost. With --fit-cost, the
+// steps run without routing fit options.cost (the cost model) by least squares.
 #include "bench_common.hpp"
 #include "commands.hpp"
 #include "report.hpp"
@@ -27,14 +29,18 @@ constexpr const char* kStageNames[6] = {"window", "scan", "max", "candidates", "
 struct speed_flags : grid_flags {
   std::size_t bandwidth_mib = 1024;
   std::vector<std::string> certificates{"tight"};
+  std::vector<std::string> routings{"auto"};
+  bool fit_cost = false;
 };
 
 struct speed_row : run_point {
   certificate_kind certificate = certificate_kind::kTight;
+  routing route = routing::kAuto;
   std::size_t reps = 0;
   double dense_ms = 0, certified_ms = 0, speedup = 0;
   double keys_read_frac = 0, keys_read_per_head = 0, bytes_read_frac = 0;
-  double certified_frac = 0, fallback_frac = 0;
+  double certified_frac = 0, fallback_frac = 0, routed_frac = 0, over_budget_frac = 0;
+  double sampled_per_head = 0;  // heavy + sampled light pool keys per query head (cost model)
   double dense_gbps = 0, read_gbps = 0, dense_bw_frac = 0;
   double stage_ms[6] = {};  // per step, summed over heads (CERTATTN_PROFILE_STAGES only)
 };
@@ -43,6 +49,7 @@ record to_record(const speed_row& r) {
   record rec = point_fields(r);
   rec.insert(rec.end(), {
       {"certificate", std::string(to_string(r.certificate))},
+      {"routing", std::string(to_string(r.route))},
       {"reps", std::uint64_t(r.reps)},
       {"dense_ms", r.dense_ms},
       {"certified_ms", r.certified_ms},
@@ -52,6 +59,9 @@ record to_record(const speed_row& r) {
       {"bytes_read_frac", r.bytes_read_frac},
       {"certified_frac", r.certified_frac},
       {"fallback_frac", r.fallback_frac},
+      {"routed_frac", r.routed_frac},
+      {"over_budget_frac", r.over_budget_frac},
+      {"sampled_per_head", r.sampled_per_head},
       {"dense_gbps", r.dense_gbps},
       {"read_gbps", r.read_gbps},
       {"dense_bw_frac", r.dense_bw_frac},
@@ -79,6 +89,7 @@ struct worker_scratch {
 struct step_result {
   double dense_s = 0, certified_s = 0;
   std::size_t keys_read = 0, bytes_read = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
+  std::size_t routed = 0, over_budget = 0, sampled = 0;
   double stage_s[6] = {};
 };
 
@@ -136,14 +147,8 @@ class nhd_dense_split {
   std::vector<float> out_, max_, sum_;
 };
 
-/// The level hints of the next step: the level each query head stopped at in this one (-1
-/// when it fell back to exact attention), [kv_heads][group] as certs.
-void keep_levels(const std::vector<certificate>& certs, std::vector<int>& hints) {
-  for (std::size_t i = 0; i < certs.size(); ++i) hints[i] = certs[i].level;
-}
-
-/// Runs `steps` decoding steps of one configuration, dense then certified in each. The
-/// first step has no level hints; every later one gets the levels of the step before.
+/// Runs `steps` decoding steps of one configuration, dense then certified in each. Every KV
+/// head keeps one group_history over the steps (fresh for each configuration).
 template <class ViewOf>
 std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const std::vector<key_index>& idx,
                                    const std::vector<float>& queries, std::size_t group, const options& opt,
@@ -153,7 +158,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
   const std::size_t per_step = H * G * d;
   std::vector<float> out_dense(per_step), out_cert(per_step);
   std::vector<certificate> certs(H * G);
-  std::vector<int> hints(H * G, -1);
+  std::vector<group_history> history(H, group_history(G));
   std::vector<group_stats> stats(H);
   nhd_dense_split nhd(pool.size(), n, H * G, d);
   std::vector<step_result> res(steps);
@@ -177,22 +182,22 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     flush();
     t0 = bench_clock::now();
     pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
-      const std::span<const int> head_hints =
-          s == 0 ? std::span<const int>() : std::span<const int>(hints.data() + h * G, G);
       attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
                    noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
                    std::span<float>(out_cert.data() + h * G * d, G * d),
-                   std::span<certificate>(certs.data() + h * G, G), ws.attend[w], head_hints);
+                   std::span<certificate>(certs.data() + h * G, G), ws.attend[w], history[h]);
       stats[h] = ws.attend[w].last_stats();
     });
     r.certified_s = seconds_since(t0);
-    keep_levels(certs, hints);  // untimed: a decoder keeps them as it goes
 
     for (std::size_t h = 0; h < H; ++h) {
       r.keys_read += stats[h].keys_read;
       r.bytes_read += stats[h].bytes_read;
       r.dense_bytes += stats[h].dense_bytes;
       r.fallbacks += stats[h].fallbacks;
+      r.routed += stats[h].routed;
+      r.over_budget += stats[h].over_budget;
+      r.sampled += stats[h].sampled;
       for (int i = 0; i < 6; ++i) r.stage_s[i] += stats[h].stage_seconds[i];
     }
     for (const certificate& c : certs) r.certified += c.certified ? 1 : 0;
@@ -206,6 +211,7 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   speed_row row;
   std::vector<double> dense, cert, ratio;
   double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
+  double routed = 0, over_budget = 0, sampled = 0;
   for (std::size_t s = warmup; s < all.size(); ++s) {
     const step_result& r = all[s];
     dense.push_back(r.dense_s);
@@ -216,6 +222,9 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
     dense_bytes += double(r.dense_bytes);
     certified += double(r.certified);
     fallbacks += double(r.fallbacks);
+    routed += double(r.routed);
+    over_budget += double(r.over_budget);
+    sampled += double(r.sampled);
     for (int i = 0; i < 6; ++i) row.stage_ms[i] += 1e3 * r.stage_s[i];
   }
   const double steps = double(dense.size()), calls = steps * double(H * G);
@@ -228,6 +237,9 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   row.bytes_read_frac = bytes / dense_bytes;
   row.certified_frac = certified / calls;
   row.fallback_frac = fallbacks / calls;
+  row.routed_frac = routed / calls;
+  row.over_budget_frac = over_budget / calls;
+  row.sampled_per_head = sampled / calls;
   row.dense_gbps = double(kv_bytes) / (row.dense_ms * 1e-3) * 1e-9;
   row.read_gbps = read_gbps;
   row.dense_bw_frac = row.dense_gbps / read_gbps;
@@ -272,8 +284,9 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   if (many_eps) headers.push_back("eps");
   if (many_delta) headers.push_back("delta");
   headers.push_back("<cert");
+  headers.push_back("<route");
   for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "certified %",
-                        "dense GB/s", "of read bw"})
+                        "exact %", "dense GB/s", "of read bw"})
     headers.push_back(h);
   text_table table(headers);
   for (const speed_row& r : rows) {
@@ -282,6 +295,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     if (many_eps) c.push_back(strf("%g", r.eps));
     if (many_delta) c.push_back(strf("%g", r.delta));
     c.push_back(std::string(to_string(r.certificate)));
+    c.push_back(std::string(to_string(r.route)));
     c.push_back(strf("%.2f", r.dense_ms));
     c.push_back(strf("%.2f", r.certified_ms));
     c.push_back(strf("%.2fx", r.speedup));
@@ -289,6 +303,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     c.push_back(strf("%.0f", r.keys_read_per_head));
     c.push_back(strf("%.1f", 100.0 * r.bytes_read_frac));
     c.push_back(strf("%.1f", 100.0 * r.certified_frac));
+    c.push_back(strf("%.1f", 100.0 * (r.routed_frac + r.over_budget_frac + r.fallback_frac)));
     c.push_back(strf("%.1f", r.dense_gbps));
     c.push_back(strf("%.0f%%", 100.0 * r.dense_bw_frac));
     table.add_row(c);
@@ -299,7 +314,9 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, fp16); speedup = median of "
       "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
       "group_stats.bytes_read / dense_bytes (K and V once); cert = tight (every step after the first hinted with "
-      "the levels of the step before) or classic (the paper's).\n",
+      "the levels of the step before) or classic (the paper's).\nroute = options.route (auto: group_history "
+      "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
+      "exact %% = query heads answered by exact attention (routed, over budget or fallback).\n",
       f.reps, f.kv_heads, f.group, f.head_dim);
 
 #ifdef CERTATTN_PROFILE_STAGES
@@ -373,11 +390,52 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   }
 }
 
+// ---- the cost model ----------------------------------------------------------------------------
+
+/// One step without routing: x = pool keys the heads sampled per token (summed over the
+/// heads of a group, averaged over the groups), y = certified time / dense time.
+struct cost_point {
+  double x = 0, y = 0;
+};
+
+/// Least squares y = fixed + per_key * x over the steps without routing (steps with an
+/// exact fallback excluded: they add a dense pass the model does not count).
+void print_cost_fit(const std::vector<cost_point>& pts) {
+  if (pts.size() < 3) {
+    std::printf("\ncost model: too few steps without routing to fit (%zu)\n", pts.size());
+    return;
+  }
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, syy = 0;
+  for (const cost_point& p : pts) {
+    sx += p.x, sy += p.y, sxx += p.x * p.x, sxy += p.x * p.y, syy += p.y * p.y;
+  }
+  const double m = double(pts.size());
+  const double vx = sxx - sx * sx / m, vy = syy - sy * sy / m, cxy = sxy - sx * sy / m;
+  if (!(vx > 0)) {
+    std::printf("\ncost model: the steps do not vary in keys sampled: no fit\n");
+    return;
+  }
+  const double per_key = cxy / vx, fixed = (sy - per_key * sx) / m;
+  const double r2 = vy > 0 ? cxy * cxy / (vx * vy) : 1.0;
+  std::printf("\ncost model (least squares over %zu steps without routing: certified/dense time = fixed + per_key * "
+              "sampled keys per group / context):\n  fixed %.3f, per_key %.2f, R^2 %.2f; options.cost = {%.3f, %.2f} "
+              "(break-even: %.2f%% of the context sampled per group)\n",
+              pts.size(), fixed, per_key, r2, fixed, per_key, 100.0 * (1.0 - fixed) / per_key);
+}
+
 // ---- the command -------------------------------------------------------------------------------
 
 void run_speed(const speed_flags& f) {
   const grid g = resolve(f);
   const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
+  std::vector<routing> routings;
+  for (const std::string& r : f.routings) {
+    const routing x = routing_from_string(r);
+    if (std::find(routings.begin(), routings.end(), x) == routings.end()) routings.push_back(x);
+  }
+  if (f.fit_cost && std::find(routings.begin(), routings.end(), routing::kOff) == routings.end())
+    routings.push_back(routing::kOff);
+  std::vector<cost_point> cost_points;
   const std::size_t H = f.kv_heads, G = f.group, d = f.head_dim;
   const std::size_t steps = f.warmup + f.reps;
   pools P(g.threads);
@@ -390,7 +448,7 @@ void run_speed(const speed_flags& f) {
   for (std::size_t n : g.contexts) {
     total += double(g.regimes.size()) * double(n * H) * kSetupSteps;
     total += double(g.regimes.size() * g.layouts.size() * g.threads.size() * f.eps.size() * f.delta.size() *
-                    certificates.size()) *
+                    certificates.size() * routings.size()) *
              double(steps) * double(n * H);
   }
   progress prog("certattn-bench speed", total, !f.quiet);
@@ -439,28 +497,37 @@ void run_speed(const speed_flags& f) {
         for (std::size_t t : g.threads)
           for (double eps : f.eps)
             for (double delta : f.delta)
-              for (certificate_kind cert : certificates) {
-                prog.set_stage(ctx + " " + std::string(to_string(layout)) + " " + std::to_string(t) + "T " +
-                               std::string(to_string(cert)));
-                options opt;
-                opt.epsilon = eps;
-                opt.delta = delta;
-                opt.seed = f.seed;
-                opt.certificate = cert;
-                const std::vector<step_result> res = lc.visit([&](auto view_of) {
-                  return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
-                                   2.0 * double(n * H));
-                });
-                speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
-                static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
-                row.certificate = cert;
-                rows.push_back(row);
-              }
+              for (certificate_kind cert : certificates)
+                for (routing route : routings) {
+                  prog.set_stage(ctx + " " + std::string(to_string(layout)) + " " + std::to_string(t) + "T " +
+                                 std::string(to_string(cert)) + " " + std::string(to_string(route)));
+                  options opt;
+                  opt.epsilon = eps;
+                  opt.delta = delta;
+                  opt.seed = f.seed;
+                  opt.certificate = cert;
+                  opt.route = route;
+                  const std::vector<step_result> res = lc.visit([&](auto view_of) {
+                    return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
+                                     2.0 * double(n * H));
+                  });
+                  speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
+                  static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
+                  row.certificate = cert;
+                  row.route = route;
+                  rows.push_back(row);
+                  if (route == routing::kOff)
+                    for (std::size_t s = f.warmup; s < res.size(); ++s)
+                      if (res[s].fallbacks == 0)
+                        cost_points.push_back({double(res[s].sampled) / double(H * n),
+                                               res[s].certified_s / res[s].dense_s});
+                }
       }
     }
   }
   prog.finish();
   report(f, g, certificates, rows, bandwidth);
+  if (f.fit_cost) print_cost_fit(cost_points);
 }
 
 }  // namespace
@@ -475,6 +542,15 @@ void add_speed_command(CLI::App& app) {
   cmd->add_option("--bandwidth-mib", f->bandwidth_mib, "buffer size of the read-bandwidth measurement (MiB)")
       ->capture_default_str();
   add_certificate_flag(*cmd, f->certificates);
+  cmd->add_option("--routing", f->routings,
+                  "options.route of the certified call, comma-separated: auto (exact answers where the sparse path "
+                  "costs more than dense), off")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  cmd->add_flag("--fit-cost", f->fit_cost,
+                "fit the cost model (options.cost) by least squares over the steps run with --routing off (added "
+                "when missing) and print it");
   cmd->callback([f] { run_speed(*f); });
 }
 

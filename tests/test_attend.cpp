@@ -62,40 +62,66 @@ void check_group(const exact_case& p, const test::layout_cache<T>& /*owns kv's r
   std::vector<T> kmat, vmat;
   test::gather_head<T>(kv, kmat, vmat);
   int deepest_level = -1;
-  // Both certificates; the tight one also with the level hints of the previous step.
-  for (certificate_kind kind : {certificate_kind::kTight, certificate_kind::kClassic}) {
+  // Both certificates without routing, the tight one also with the level hints of the
+  // previous step; then the defaults (tight, routing) with a group_history over three
+  // steps, which carries the hints and may route the group or stop heads over budget.
+  struct config {
+    certificate_kind kind;
+    routing route;
+  };
+  for (const config cfgc : {config{certificate_kind::kTight, routing::kOff},
+                            config{certificate_kind::kClassic, routing::kOff},
+                            config{certificate_kind::kTight, routing::kAuto}}) {
   options opt;
   opt.epsilon = p.eps;
   opt.scale = p.scale;
   opt.seed = 11;
-  opt.certificate = kind;
+  opt.certificate = cfgc.kind;
+  opt.route = cfgc.route;
+  const certificate_kind kind = cfgc.kind;
+  const bool with_history = cfgc.route == routing::kAuto;
+  group_history history(G);
   std::vector<int> hints;
-  for (std::uint64_t step : {3u, 4u}) {
+  for (std::uint64_t step : {3u, 4u, 5u}) {
+    if (!with_history && step == 5u) break;
     const noise_key nk{step, 2, std::uint32_t(head)};
     const std::vector<float> q = synthetic::make_queries(src, head, G, step);
+    const group_history before = history;
     set_isa_cap(p.arch);
-    attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(out),
-                 std::span<certificate>(certs), ws, hints);
+    if (with_history)
+      attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(out),
+                   std::span<certificate>(certs), ws, history);
+    else
+      attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(out),
+                   std::span<certificate>(certs), ws, hints);
     set_isa_cap(isa::kAvx512Vnni);
     ASSERT_EQ(ws.last_stats().bound_violations, 0u);
+    reference_extras extras{idx.value_center(), idx.value_cap(), idx.reach_floor()};
+    if (with_history) extras.history = &before;
+    const std::vector<reference_result> refs = reference_attend_group(
+        std::span<const float>(q), G, make_matrix_view(kmat.data(), n, d),
+        make_matrix_view(vmat.data(), n, d), opt, nk, extras,
+        with_history ? std::span<const int>() : std::span<const int>(hints));
     for (std::size_t g = 0; g < G; ++g) {
-      const auto r = reference_attend(std::span<const float>(q.data() + g * d, d),
-                                      make_matrix_view(kmat.data(), n, d),
-                                      make_matrix_view(vmat.data(), n, d), opt, nk,
-                                      {idx.value_center(), idx.value_cap(), idx.reach_floor(),
-                                       hints.empty() ? -1 : hints[g]});
+      const reference_result& r = refs[g];
       const certificate& f = certs[g];
-      deepest_level = std::max(deepest_level, f.exact ? 1000 : f.level);
-      SCOPED_TRACE(std::string(to_string(kind)) + " head " + std::to_string(g) + " step " +
-                   std::to_string(step));
+      if (!with_history) deepest_level = std::max(deepest_level, f.exact ? 1000 : f.level);
+      SCOPED_TRACE(std::string(to_string(kind)) + " routing " + std::string(to_string(opt.route)) +
+                   " head " + std::to_string(g) + " step " + std::to_string(step));
+      ASSERT_EQ(to_string(f.path), to_string(r.cert.path));
       ASSERT_EQ(f.certified, r.cert.certified);
       ASSERT_EQ(f.exact, r.cert.exact);
       ASSERT_EQ(f.level, r.cert.level);
       ASSERT_EQ(f.heavy, r.cert.heavy);
       ASSERT_EQ(f.sampled, r.cert.sampled);
-      ASSERT_EQ(f.max_score, r.cert.max_score);  // same bits: the same scores
-      // The exact fallback runs the float dense kernel; sampled levels sum in double.
-      EXPECT_NEAR(f.denominator, r.cert.denominator,
+      // A routed call's c is the dense kernel's float maximum; the others' the same bits.
+      const bool routed = f.path == answer_path::kRouted;
+      if (routed)
+        ASSERT_NEAR(f.max_score, r.cert.max_score, 1e-6 * std::max(1.0, std::fabs(r.cert.max_score)));
+      else
+        ASSERT_EQ(f.max_score, r.cert.max_score);
+      // The exact answers run the float dense kernel; sampled levels sum in double.
+      EXPECT_NEAR(f.denominator * std::exp(f.max_score - r.cert.max_score), r.cert.denominator,
                   (f.exact ? 1e-5 : 1e-9) * r.cert.denominator);
       if (!f.exact) {
         EXPECT_NEAR(f.bound, r.cert.bound, 1e-9 * std::max(1.0, r.cert.bound));
@@ -224,6 +250,7 @@ TEST(FastPathExactRegression, TokenWithZeroTopHashBits) {
   const std::size_t n = 4096, d = 64, G = 2;
   options opt;
   opt.seed = 5;
+  opt.route = routing::kOff;  // the sampled path, whatever its cost
   std::uint64_t step = 0;
   std::size_t token = n;
   for (std::uint64_t s = 0; s < 200000 && token == n; ++s) {

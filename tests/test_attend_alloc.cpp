@@ -52,6 +52,9 @@ strided_kv<half> view_of(const synthetic::kv_cache& c) {
 
 TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
   const std::size_t n = 20000, d = 128, G = 4;
+  // Without routing (every path of the level loop), and with a group_history (heads over
+  // budget, then groups routed to the dense kernel and probes).
+  for (routing route : {routing::kOff, routing::kAuto})
   for (synthetic::regime r : {synthetic::regime::kMixed, synthetic::regime::kUniform,
                               synthetic::regime::kExtreme}) {
     const auto cache = one_head(n, d, r);
@@ -59,25 +62,40 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     key_index idx(d);
     idx.build(kv);
     attend_workspace ws(G, d, n);
+    group_history history(G);
     std::vector<float> out(G * d);
     std::vector<certificate> certs(G);
     options opt;
+    opt.route = route;
     std::vector<std::vector<float>> queries;
-    for (std::uint64_t s = 0; s < 6; ++s) queries.push_back(synthetic::make_queries(cache, 0, G, s));
+    for (std::uint64_t s = 0; s < 12; ++s) queries.push_back(synthetic::make_queries(cache, 0, G, s));
     // Also force the exact fallback once: max_levels 0 rarely certifies.
     options strict = opt;
     strict.max_levels = 0;
     strict.epsilon = 1e-6;
-    attend_group(std::span<const float>(queries[0]), G, kv, idx, {0, 0, 0}, opt,
-                 std::span<float>(out), std::span<certificate>(certs), ws);  // warm-up
+    auto call = [&](std::uint64_t s, const options& o) {
+      if (route == routing::kAuto)
+        attend_group(std::span<const float>(queries[s]), G, kv, idx, {s, 0, 0}, o,
+                     std::span<float>(out), std::span<certificate>(certs), ws, history);
+      else
+        attend_group(std::span<const float>(queries[s]), G, kv, idx, {s, 0, 0}, o,
+                     std::span<float>(out), std::span<certificate>(certs), ws);
+    };
+    call(0, opt);  // warm-up
     g_allocations = 0;
     g_counting = true;
-    for (std::uint64_t s = 1; s < 6; ++s)
-      attend_group(std::span<const float>(queries[s]), G, kv, idx, {s, 0, 0}, s == 5 ? strict : opt,
-                   std::span<float>(out), std::span<certificate>(certs), ws);
+    std::size_t routed = 0;
+    for (std::uint64_t s = 1; s < 12; ++s) {
+      call(s, s == 5 ? strict : opt);
+      routed += certs[0].path == answer_path::kRouted;
+      if (s == 5 && route == routing::kOff)
+        EXPECT_TRUE(certs[0].exact) << "the strict call should have fallen back to exact";
+    }
     g_counting = false;
-    EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r);
-    EXPECT_TRUE(certs[0].exact) << "the strict call should have fallen back to exact";
+    EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r) << ", routing "
+                                       << to_string(route);
+    if (route == routing::kAuto && r == synthetic::regime::kUniform)
+      EXPECT_GT(routed, 0u) << "a flat group should have been routed to the dense kernel";
   }
 }
 

@@ -2,7 +2,11 @@
 // samples whatever the thread count (thread_pool of 1 or 2 threads, workspaces reused by
 // other heads in another order) and whatever the kernels (AVX-512 VNNI, AVX2, plain C++
 // via set_isa_cap). The kernels are designed to agree bit for bit: scan bounds, refine
-// dots, exact-score dots (lane-fixed) and value accumulation.
+// dots, exact-score dots (lane-fixed) and value accumulation. Exact answers (fallbacks,
+// heads over budget, routed groups) run the dense kernel, whose float sums over the cache
+// differ in the last bits between instruction sets: across kernels those heads must agree
+// on their path, their denominator to 1e-5 and their outputs to 1e-4 (relative to
+// max(1, |o|)), everything else bit for bit.
 #include <certattn/attend.hpp>
 #include <certattn/parallel.hpp>
 #include <certattn/synthetic.hpp>
@@ -12,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -35,11 +41,15 @@ bool same_bits(const A& a, const A& b) {
 }
 
 /// Field by field (the struct has padding), doubles compared as bits.
-std::string cert_diff(const certificate& a, const certificate& b) {
+std::string cert_diff(const certificate& a, const certificate& b, bool exact_tolerant) {
   std::string d;
   auto flag = [&](bool same, const char* name) {
     if (!same) d += std::string(d.empty() ? "" : ", ") + name;
   };
+  // Float sums over the cache in another order: a few ulps per token at worst.
+  auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-5 * std::max(std::fabs(x), std::fabs(y)); };
+  const bool tolerant = exact_tolerant && a.exact && b.exact;
+  flag(a.path == b.path, "path");
   flag(a.certified == b.certified, "certified");
   flag(a.exact == b.exact, "exact");
   flag(a.level == b.level, "level");
@@ -47,8 +57,9 @@ std::string cert_diff(const certificate& a, const certificate& b) {
   flag(same_bits(a.bound, b.bound), "bound");
   flag(same_bits(a.beta, b.beta), "beta");
   flag(same_bits(a.scale_value, b.scale_value), "scale_value");
-  flag(same_bits(a.max_score, b.max_score), "max_score");
-  flag(same_bits(a.denominator, b.denominator), "denominator");
+  flag(same_bits(a.max_score, b.max_score) || (tolerant && near(a.max_score, b.max_score)), "max_score");
+  flag(same_bits(a.denominator, b.denominator) || (tolerant && near(a.denominator, b.denominator)),
+       "denominator");
   flag(a.heavy == b.heavy, "heavy");
   flag(a.sampled == b.sampled, "sampled");
   flag(a.keys_read == b.keys_read, "keys_read");
@@ -76,13 +87,14 @@ std::string stats_diff(const group_stats& a, const group_stats& b) {
 /// Compares two step results; every difference is reported with its head, query head and
 /// channel, so that a kernel mismatch names where it is.
 void expect_identical(const step_result& a, const step_result& b, std::size_t d,
-                      const std::string& what) {
+                      const std::string& what, bool exact_tolerant = false) {
   SCOPED_TRACE(what);
   ASSERT_EQ(a.out.size(), b.out.size());
   for (std::size_t h = 0; h < a.out.size(); ++h) {
     EXPECT_EQ(stats_diff(a.stats[h], b.stats[h]), "") << "kv head " << h;
     for (std::size_t g = 0; g < a.certs[h].size(); ++g) {
-      EXPECT_EQ(cert_diff(a.certs[h][g], b.certs[h][g]), "") << "kv head " << h << " head " << g;
+      EXPECT_EQ(cert_diff(a.certs[h][g], b.certs[h][g], exact_tolerant), "") << "kv head " << h << " head " << g;
+      const bool tolerant = exact_tolerant && a.certs[h][g].exact && b.certs[h][g].exact;
       const auto& sa = a.samples[h][g];
       const auto& sb = b.samples[h][g];
       bool same_sample = sa.size() == sb.size();
@@ -92,7 +104,9 @@ void expect_identical(const step_result& a, const step_result& b, std::size_t d,
                                << sa.size() << " vs " << sb.size() << " keys)";
       std::size_t first = d, count = 0;
       for (std::size_t i = 0; i < d; ++i)
-        if (!same_bits(a.out[h][g * d + i], b.out[h][g * d + i])) {
+        if (!same_bits(a.out[h][g * d + i], b.out[h][g * d + i]) &&
+            !(tolerant && std::fabs(a.out[h][g * d + i] - b.out[h][g * d + i]) <=
+                              1e-4 * std::max(1.0f, std::fabs(a.out[h][g * d + i])))) {
           if (first == d) first = i;
           ++count;
         }
@@ -122,7 +136,7 @@ std::string name_of(const setup& s) {
 /// a pool of `threads` threads with one workspace per thread.
 template <storage_element T, class ViewOf>
 step_result run_step(const setup& s, ViewOf view_of, const synthetic::kv_cache& src,
-                     std::size_t threads, isa arch, std::uint64_t seed) {
+                     std::size_t threads, isa arch, std::uint64_t seed, routing route) {
   const std::size_t n0 = s.n - 300;
   std::vector<key_index> idx;
   for (std::size_t h = 0; h < s.heads; ++h) {
@@ -134,6 +148,7 @@ step_result run_step(const setup& s, ViewOf view_of, const synthetic::kv_cache& 
   opt.seed = seed;
   opt.scale = s.scale;
   opt.epsilon = s.eps;
+  opt.route = route;
   step_result r;
   r.out.assign(s.heads, std::vector<float>(s.group * s.d));
   r.certs.assign(s.heads, std::vector<certificate>(s.group));
@@ -175,22 +190,30 @@ void check_setup(const setup& s) {
   cfg.seed = 40 + s.n;
   const auto src = synthetic::make_cache(cfg);
   const auto cache = test::make_layout_cache<T>(src, s.layout);
+  routing route = routing::kOff;
   auto step = [&](std::size_t threads, isa arch, std::uint64_t seed) {
     if (s.layout == layout_kind::kPaged)
-      return run_step<T>(s, [&](std::size_t h) { return cache.paged(h); }, src, threads, arch, seed);
-    return run_step<T>(s, [&](std::size_t h) { return cache.strided(h); }, src, threads, arch, seed);
+      return run_step<T>(s, [&](std::size_t h) { return cache.paged(h); }, src, threads, arch, seed, route);
+    return run_step<T>(s, [&](std::size_t h) { return cache.strided(h); }, src, threads, arch, seed, route);
   };
   const isa best = detected_isa();
-  const step_result base = step(1, best, 5);
-  expect_identical(base, step(1, best, 5), s.d, "same seed, run again");
-  expect_identical(base, step(2, best, 5), s.d, "2 threads vs 1");
-  for (isa arch : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
-    if (int(arch) >= int(best)) continue;
-    expect_identical(base, step(1, arch, 5), s.d,
-                     std::string(to_string(arch)) + " vs " + std::string(to_string(best)));
+  // Routing: off (the sampled path everywhere), then auto (exact answers over budget).
+  for (routing r : {routing::kAuto, routing::kOff}) {
+    route = r;
+    const std::string tag = r == routing::kAuto ? "routing auto: " : "routing off: ";
+    const step_result base = step(1, best, 5);
+    expect_identical(base, step(1, best, 5), s.d, tag + "same seed, run again");
+    expect_identical(base, step(2, best, 5), s.d, tag + "2 threads vs 1");
+    for (isa arch : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+      if (int(arch) >= int(best)) continue;
+      expect_identical(base, step(1, arch, 5), s.d,
+                       tag + std::string(to_string(arch)) + " vs " + std::string(to_string(best)),
+                       r == routing::kAuto);
+    }
   }
   // A different seed draws other perturbations: some sample must change (else the seed
   // would not reach the sampler and "identical" above would prove nothing).
+  const step_result base = step(1, best, 5);
   const step_result other = step(2, best, 6);
   bool any_differs = false;
   for (std::size_t h = 0; h < s.heads; ++h)
@@ -247,9 +270,11 @@ TEST(DeterminismOddDims, BitIdenticalAcrossKernels) {
     idx.build(c.view());
     std::vector<float> q(G * d);
     for (std::size_t i = 0; i < q.size(); ++i) q[i] = float(2.0 * test::gauss(99, i));
+    options opt;
+    opt.route = routing::kOff;  // the sampled path (exact answers differ in the last bits)
     auto run = [&](isa arch) {
       set_isa_cap(arch);
-      auto r = test::run_group(c.view(), idx, q, G, options{}, noise_key{1, 2, 3});
+      auto r = test::run_group(c.view(), idx, q, G, opt, noise_key{1, 2, 3});
       set_isa_cap(isa::kAvx512Vnni);
       step_result s;
       s.out = {r.out};

@@ -177,7 +177,7 @@ TEST(Extremes, AllEqualKeysGiveTheMeanValue) {
       n, d, [](std::size_t, std::size_t i) { return gauss(7, i); },
       [](std::size_t t, std::size_t i) { return gauss(8, t * 100 + i); });
   const auto q = queries(4, d, 3.0, 1);
-  const auto r = expect_exact(c, q, 4, options{});
+  const auto r = expect_exact(c, q, 4, test::sparse_options());
   std::vector<double> mean(d, 0.0);
   for (std::size_t t = 0; t < n; ++t)
     for (std::size_t i = 0; i < d; ++i) mean[i] += double(float(c.values[t * d + i])) / double(n);
@@ -197,7 +197,7 @@ TEST(Extremes, AllZeroValuesCertifyAnExactZero) {
     const head_cache<half> c(
         2000, 64, [](std::size_t t, std::size_t i) { return gauss(3, t * 100 + i); },
         [](std::size_t, std::size_t) { return 0.0; });
-    options opt;
+    options opt = test::sparse_options();
     opt.scale = sc;
     const auto r = expect_exact(c, queries(2, 64, 1.0, 5), 2, opt);
     for (float x : r.out) EXPECT_EQ(x, 0.0f);

@@ -13,6 +13,8 @@
 #include <certattn/certattn.hpp>
 #include <certattn/synthetic.hpp>
 
+#include "support/harness.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,7 +50,7 @@ double mean_keys_read_fixed_mass(std::size_t n, double spread, std::uint64_t see
   q[0] = 1.0f;
   double total = 0.0;
   for (std::size_t qi = 0; qi < queries; ++qi) {
-    options opt;
+    options opt = test::sparse_options();  // the certificate's keys, not routing
     opt.epsilon = 0.1;
     opt.scale = error_scale::kValueScale;
     opt.softmax_scale = 1.0;
@@ -101,7 +103,7 @@ regime_keys synthetic_keys(synthetic::regime kind, std::size_t n, std::size_t qu
   regime_keys out;
   for (std::size_t qi = 0; qi < queries; ++qi) {
     const std::vector<float> q = synthetic::make_queries(c, 0, 1, qi);
-    options opt;
+    options opt = test::sparse_options();  // the certificate's keys, not routing
     opt.epsilon = 0.1;
     opt.scale = error_scale::kValueScale;
     opt.seed = 900 + qi;

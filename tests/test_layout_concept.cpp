@@ -14,6 +14,14 @@ struct engine_view {
   const half* key(std::size_t) const { return nullptr; }
   const half* value(std::size_t) const { return nullptr; }
 };
+// Accessors that return mutable pointers (an engine's cache is writable) also work.
+struct mutable_view {
+  using element_type = half;
+  std::size_t size() const { return 0; }
+  std::size_t head_dim() const { return 0; }
+  half* key(std::size_t) const { return nullptr; }
+  half* value(std::size_t) const { return nullptr; }
+};
 struct no_values {
   using element_type = half;
   std::size_t size() const { return 0; }
@@ -48,6 +56,7 @@ static_assert(kv_view<paged_kv<half>>);
 static_assert(kv_view<paged_kv<bfloat16>>);
 static_assert(kv_view<paged_kv<float>>);
 static_assert(kv_view<engine_view>);
+static_assert(kv_view<mutable_view>);
 static_assert(!kv_view<no_values>);
 static_assert(!kv_view<wrong_element>);
 static_assert(!kv_view<mismatched_pointer>);

@@ -146,18 +146,23 @@ TEST(Perturb, StreamsOfDistinctCallsAreDistinctAndDoNotOverlap) {
   for (std::uint64_t seed : {0ull, 1ull, 2ull, 1ull << 40})
     for (std::uint64_t step = 0; step < 8; ++step)
       for (std::uint32_t layer = 0; layer < 8; ++layer)
-        for (std::uint32_t head = 0; head < 8; ++head) {
-          keys.insert(perturbation(seed, noise_key{step, layer, head}).key());
-          ++count;
-        }
+        for (std::uint32_t head = 0; head < 8; ++head)
+          for (std::uint64_t sequence : {0ull, 1ull, 7ull}) {
+            keys.insert(perturbation(seed, noise_key{step, layer, head, sequence}).key());
+            ++count;
+          }
   EXPECT_EQ(keys.size(), count);
+  // Sequence 0 is the stream without a sequence.
+  EXPECT_EQ(perturbation(5, noise_key{3, 2, 1, 0}).key(), perturbation(5, noise_key{3, 2, 1}).key());
+  EXPECT_THROW(noise_key(0, 0, 0, -1), certattn::error);
 
   const noise_key base{10, 4, 2};
-  const std::array<std::pair<std::uint64_t, noise_key>, 4> others = {{
-      {0, noise_key{11, 4, 2}},  // next step
-      {0, noise_key{10, 5, 2}},  // next layer
-      {0, noise_key{10, 4, 3}},  // next head
-      {1, noise_key{10, 4, 2}},  // next seed
+  const std::array<std::pair<std::uint64_t, noise_key>, 5> others = {{
+      {0, noise_key{11, 4, 2}},     // next step
+      {0, noise_key{10, 5, 2}},     // next layer
+      {0, noise_key{10, 4, 3}},     // next head
+      {1, noise_key{10, 4, 2}},     // next seed
+      {0, noise_key{10, 4, 2, 1}},  // another sequence
   }};
   const perturbation a(0, base);
   std::unordered_set<std::uint64_t> seen;

@@ -10,6 +10,8 @@
 #include <certattn/reference.hpp>
 #include <certattn/sampler.hpp>
 
+#include "support/harness.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -198,7 +200,7 @@ TEST(Inclusion, ReferenceSampleLevelsMatchMinOneWOverTauAcrossSeeds) {
   const auto keys = make_matrix_view(c.keys.data(), c.keys.size(), 1);
   const auto values = make_matrix_view(c.values.data(), c.values.size(), 1);
   const std::vector<double> q = {1.0};
-  options opt;
+  options opt = test::sparse_options();  // the certificate's keys, not routing
   opt.certificate = certificate_kind::kClassic;  // plain PPS on the paper's grid
   opt.window = c.window;
   opt.grid_ratio = r;
@@ -237,7 +239,7 @@ TEST(Inclusion, ReferenceSetsAreNestedAndMatchTheDefinition) {
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<float> q(d);
     for (auto& x : q) x = float(3.0 * g.normal());
-    options opt;
+    options opt = test::sparse_options();  // the certificate's keys, not routing
     // Both certificates: the tight one shifts scores by the grid's top and adds each key's
     // value-aware offset ln(rho / rho_bar).
     opt.certificate = trial % 2 ? certificate_kind::kClassic : certificate_kind::kTight;

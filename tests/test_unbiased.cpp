@@ -13,6 +13,8 @@
 #include <certattn/exact.hpp>
 #include <certattn/reference.hpp>
 
+#include "support/harness.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,7 +56,7 @@ void check_unbiased(const fixture& f, certificate_kind kind, int grid_ratio, int
   const auto kv = make_matrix_view(f.keys.data(), f.n, f.d);
   const auto vv = make_matrix_view(f.values.data(), f.n, f.d);
   const std::span<const float> q(f.q);
-  options opt;
+  options opt = test::sparse_options();  // the certificate's keys, not routing
   opt.window = f.window;
   opt.grid_ratio = grid_ratio;
   opt.max_levels = max_levels;

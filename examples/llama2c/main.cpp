@@ -54,7 +54,9 @@ struct settings {
   double delta_total = 0.05;                // for the whole generation, split over heads x steps
   double delta = 0.0;                       // per call; 0 = delta_total / (layers * heads * steps)
   std::size_t window = 64;
-  std::size_t min_pool = 64;  // certattn only once the pool (cache - window) has this many
+  std::size_t min_pool = 0;  // certattn only once the pool (cache - window) has this many
+  std::string routing = "off";  // options.route: this model's contexts (<= 512 tokens) lie far
+                                // below the break-even, where auto answers nearly all exactly
   std::uint64_t seed = 1;
   bool strict = false;
   bool quiet = false;
@@ -141,7 +143,8 @@ void exact_layer(const llama2c::config& c, const llama2c::state& s, int layer, s
 struct certattn_tally {
   std::size_t calls = 0;        // query-head results from attend_group
   std::size_t certified = 0;    // ... certified
-  std::size_t fallbacks = 0;    // ... answered by exact attention inside attend_group
+  std::size_t fallbacks = 0;    // ... answered by exact attention: no level certified
+  std::size_t routed = 0;       // ... answered exactly by routing (routed, over budget, joined)
   std::size_t short_calls = 0;  // query heads on plain exact attention: cache too short
   std::size_t keys_read = 0;    // sum over attend_group results of certificate.keys_read
   std::size_t keys_total = 0;   // sum of the cache sizes of those results
@@ -173,13 +176,14 @@ class certattn_attention {
           "output_norm");
     opt_.window = cfg.window;
     opt_.seed = cfg.seed;  // fixed before generation
+    opt_.route = certattn::routing_from_string(cfg.routing);
     min_tokens_ = cfg.window + cfg.min_pool;
     for (int l = 0; l < c.n_layers; ++l)
       for (int h = 0; h < c.n_kv_heads; ++h) {
         index_.emplace_back(hs_);
         index_.back().reserve(std::size_t(c.seq_len));
       }
-    level_hints_.assign(index_.size() * G_, -1);
+    history_.assign(index_.size(), certattn::group_history(G_));
   }
   void set_delta(double delta) { opt_.delta = delta; }
   const certattn::options& options() const { return opt_; }
@@ -222,13 +226,13 @@ class certattn_attention {
       const auto kv = view(layer, n, h);
       const certattn::noise_key nk{step_, std::uint32_t(layer), std::uint32_t(h)};
       const auto t1 = clock_type::now();
-      // The level each query head stopped at in the previous step: the tight certificate
-      // spends most of delta around it.
-      const std::span<int> hints(level_hints_.data() + slot(layer, h) * G_, G_);
+      // The group's history: the level each query head stopped at in the previous step
+      // (the tight certificate spends most of delta around it) and, with routing, whether
+      // the sparse path lost to the dense kernel.
       certattn::attend_group(q.subspan(h * G_ * hs_, G_ * hs_), G_, kv, index_[slot(layer, h)], nk,
                              opt_, out.subspan(h * G_ * hs_, G_ * hs_),
-                             std::span<certattn::certificate>(certs_.data(), G_), ws_, hints);
-      for (std::size_t g = 0; g < G_; ++g) hints[g] = certs_[g].level;
+                             std::span<certattn::certificate>(certs_.data(), G_), ws_,
+                             history_[slot(layer, h)]);
       tally_.attend_seconds += seconds_since(t1);
       const certattn::group_stats& st = ws_.last_stats();
       tally_.bytes_read += st.bytes_read;
@@ -238,10 +242,13 @@ class certattn_attention {
         const certattn::certificate& cert = certs_[g];
         ++tally_.calls;
         tally_.certified += cert.certified;
-        tally_.fallbacks += cert.exact;
+        tally_.fallbacks += cert.path == certattn::answer_path::kFallback;
+        tally_.routed += cert.path == certattn::answer_path::kRouted ||
+                         cert.path == certattn::answer_path::kOverBudget ||
+                         cert.path == certattn::answer_path::kJoined;
         tally_.keys_read += cert.keys_read;
         tally_.keys_total += n;
-        if (!cert.certified) continue;
+        if (!cert.certified || cert.exact) continue;
         // Check the promise against exact attention (untimed; a check, not part of decoding).
         const std::size_t qh = h * G_ + g;
         const auto r = certattn::exact_attention(
@@ -272,7 +279,7 @@ class certattn_attention {
   certattn::attend_workspace ws_;
   std::array<certattn::certificate, 64> certs_{};
   std::vector<certattn::key_index> index_;  // [layer][kv_head]
-  std::vector<int> level_hints_;            // [layer][kv_head][G]: last step's levels
+  std::vector<certattn::group_history> history_;  // [layer][kv_head]
   std::uint64_t step_ = 0;
   certattn_tally tally_;
 };
@@ -446,9 +453,10 @@ int run(const settings& cfg) {
   std::printf("token agreement %.4f (%zu of %zu steps), KL(dense || certattn) mean %.3g max %.3g\n",
               agreement, agree, steps, mean_kl, kl_max);
   std::printf(
-      "attend_group results: %zu, certified %.4f, fell back to exact %.4f; "
-      "%zu more on exact attention (cache < %zu tokens)\n",
-      a.calls, certified_frac, fallback_frac, a.short_calls, cert_attn.min_tokens());
+      "attend_group results: %zu, certified %.4f, fell back to exact %.4f, routed to exact %.4f "
+      "(routing %s); %zu more on exact attention (cache < %zu tokens)\n",
+      a.calls, certified_frac, fallback_frac, a.calls ? double(a.routed) / calls : 0.0,
+      std::string(certattn::to_string(opt.route)).c_str(), a.short_calls, cert_attn.min_tokens());
   std::printf(
       "keys read %.4f of the cache per query head; bytes read %.4f of dense (codes "
       "included)\n",
@@ -523,6 +531,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--min-pool", cfg.min_pool,
                  "use certattn once the cache holds window + this many tokens")
+      ->capture_default_str();
+  app.add_option("--routing", cfg.routing,
+                 "options.route: off (every call on the sparse path, to see its certificates) or "
+                 "auto (exact answers where the sparse path would cost more than dense)")
+      ->check(CLI::IsMember({"off", "auto"}))
       ->capture_default_str();
   app.add_option("--seed", cfg.seed, "perturbation seed")->capture_default_str();
   app.add_flag("--strict", cfg.strict,

@@ -21,6 +21,7 @@
 #include <certattn/arch/score_dot.hpp>
 #include <certattn/certificate.hpp>
 #include <certattn/dense.hpp>
+#include <certattn/history.hpp>
 #include <certattn/index.hpp>
 #include <certattn/layout.hpp>
 #include <certattn/memory.hpp>
@@ -52,7 +53,12 @@ struct group_stats {
   std::size_t refined = 0;           // sum over heads of 8-bit refinements
   std::size_t keys_read = 0;         // sum over heads of exact key rows read (window: once)
   std::size_t values_read = 0;       // sum over heads of value rows read (window: once)
-  std::size_t fallbacks = 0;         // heads answered by exact attention
+  std::size_t fallbacks = 0;         // heads answered by exact attention: no level certified
+  std::size_t over_budget = 0;       // heads answered exactly: the group's samples outgrew
+                                     // sample_budget() (answer_path kOverBudget, kJoined)
+  std::size_t routed = 0;            // heads answered by the dense kernel (group_history)
+  std::size_t sampled = 0;           // sum over sparse heads of heavy + sampled light keys at
+                                     // the last level processed (cost_model's input)
   std::size_t bytes_read = 0;        // the whole group
   std::size_t dense_bytes = 0;       // what dense attention reads: K and V once
   std::size_t bound_violations = 0;  // a key exact-scored above its bound: must stay 0
@@ -130,7 +136,13 @@ class attend_workspace {
     center_.assign(head_dim, 0.0);
     o_hat_.assign(head_dim, 0.0);
     c0_.assign(head_dim, 0.0);
-    dense_ws_ = dense_workspace(1, head_dim);
+    dense_ws_ = dense_workspace(group, head_dim);
+    exact_heads_.assign(group, 0);
+    exact_q_.assign(group * head_dim, 0.0f);
+    exact_out_.assign(group * head_dim, 0.0f);
+    exact_m_.assign(group, 0.0f);
+    exact_l_.assign(group, 0.0f);
+    head_levels_.assign(group, -1);
   }
 
   std::size_t group() const noexcept { return group_; }
@@ -200,7 +212,11 @@ class attend_workspace {
   sampling_design design_;          // this call's (certificate.hpp)
   const float* dist_ = nullptr;     // the index's ||v_t - g|| bounds, per token
   group_stats stats_;
-  dense_workspace dense_ws_;  // the exact fallback's
+  dense_workspace dense_ws_;  // the exact answers' (one dense pass for all their heads)
+  std::vector<std::uint32_t> exact_heads_;  // [group] heads answered exactly, this call
+  std::vector<float> exact_q_, exact_out_;  // [group][head_dim] their queries and outputs
+  std::vector<float> exact_m_, exact_l_;    // [group] the dense pass's softmax states
+  std::vector<int> head_levels_;            // [group] stopping levels (group_history)
   bool record_ = false;
   std::size_t head_ = 0;
   std::vector<std::vector<sampled_key>> recorded_;
@@ -608,39 +624,73 @@ struct detail_attend {
     }
   }
 
-  // ---- stage: fallback ----------------------------------------------------------------
-  /// Exact attention for one head (no level certified) with the dense kernel; returns D
-  /// relative to c, recomputed in double from the kernel's float state. The float kernel
+  // ---- stage: exact answers ----------------------------------------------------------
+  /// Exact attention for the heads ws.exact_heads_[0..m): one pass of the dense kernel over
+  /// the cache for all of them (fallbacks, heads over budget, routed groups). ws.head_max_[g]
+  /// is the head's maximum score c, or NaN when the call has not computed it (routed
+  /// groups skip the max-score stage): then c is the dense kernel's running maximum, or
+  /// the exact maximum on the double path. Writes each head's output, its c into
+  /// ws.head_max_[g] and D relative to c into ws.window_weight_[g]. The float kernel
   /// cannot serve scores far from 0 (it cannot resolve their weights), a scale or scaled
   /// query beyond float's range, or values whose weighted sum overflows float: those heads
   /// take the double path (lane-fixed exact scores, double sums), as does any result that
   /// is not finite.
   template <kv_view KV>
-  static double exact_head(const KV& kv, const float* q, double scale, double c, float* out,
-                           attend_workspace& ws) {
-    const std::size_t d = ws.d_;
-    double qmax = 0.0;
-    for (std::size_t i = 0; i < d; ++i) qmax = std::max(qmax, std::fabs(double(q[i])));
-    if (std::fabs(c) <= 1024.0 && scale <= 0x1p100 && scale * qmax <= 0x1p100) {
-      float m = 0.0f, l = 0.0f;
-      dense_partial(std::span<const float>(q, d), 1, kv, float(scale), 0, kv.size(),
-                    std::span<float>(&m, 1), std::span<float>(&l, 1), std::span<float>(out, d),
-                    ws.dense_ws_);
-      bool finite = true;
-      for (std::size_t i = 0; i < d; ++i) finite &= std::isfinite(out[i] /= l);
-      const double den = double(l) * std::exp(double(m) - c);
-      if (finite && den > 0.0 && std::isfinite(den)) return den;
+  static void exact_heads(const KV& kv, const float* queries, double scale, std::size_t m,
+                          float* out, attend_workspace& ws, isa which) {
+    const std::size_t d = ws.d_, n = kv.size();
+    const bool float_scale = scale <= 0x1p100;
+    std::size_t k = 0;  // heads of the float pass, gathered in ws.exact_q_
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t g = ws.exact_heads_[i];
+      const float* q = queries + g * d;
+      double qmax = 0.0;
+      for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(q[j])));
+      const double c = ws.head_max_[g];
+      if (float_scale && scale * qmax <= 0x1p100 && !(std::fabs(c) > 1024.0))
+        std::copy_n(q, d, ws.exact_q_.data() + k++ * d);
     }
-    const isa which = active_isa();
-    std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
-    double den = 0.0;
-    for (std::size_t t = 0; t < kv.size(); ++t) {
-      const double w = std::exp(scale * detail::score_dot_fast(q, kv.key(t), d, which) - c);
-      den += w;
-      add_value(kv.value(t), d, w, ws.exact_num_.data());
+    if (k > 0)
+      dense_partial(std::span<const float>(ws.exact_q_.data(), k * d), k, kv, float(scale), 0, n,
+                    std::span<float>(ws.exact_m_.data(), k), std::span<float>(ws.exact_l_.data(), k),
+                    std::span<float>(ws.exact_out_.data(), k * d), ws.dense_ws_);
+    std::size_t f = 0;  // the float pass's row of the next head that joined it
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t g = ws.exact_heads_[i];
+      const float* q = queries + g * d;
+      float* o = out + g * d;
+      double& c = ws.head_max_[g];
+      double qmax = 0.0;
+      for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(q[j])));
+      if (float_scale && scale * qmax <= 0x1p100 && !(std::fabs(c) > 1024.0)) {
+        const float mk = ws.exact_m_[f], lk = ws.exact_l_[f];
+        const float* ok = ws.exact_out_.data() + f * d;
+        ++f;
+        const double cref = std::isnan(c) ? double(mk) : c;
+        bool finite = std::fabs(cref) <= 1024.0;
+        for (std::size_t j = 0; j < d; ++j) finite &= std::isfinite(o[j] = ok[j] / lk);
+        const double den = double(lk) * std::exp(double(mk) - cref);
+        if (finite && den > 0.0 && std::isfinite(den)) {
+          c = cref;
+          ws.window_weight_[g] = den;
+          continue;
+        }
+      }
+      if (std::isnan(c)) {  // the exact maximum, for the double path's weights
+        c = -std::numeric_limits<double>::infinity();
+        for (std::size_t t = 0; t < n; ++t)
+          c = std::max(c, scale * detail::score_dot_fast(q, kv.key(t), d, which));
+      }
+      std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
+      double den = 0.0;
+      for (std::size_t t = 0; t < n; ++t) {
+        const double w = std::exp(scale * detail::score_dot_fast(q, kv.key(t), d, which) - c);
+        den += w;
+        add_value(kv.value(t), d, w, ws.exact_num_.data());
+      }
+      for (std::size_t j = 0; j < d; ++j) o[j] = float(ws.exact_num_[j] / den);
+      ws.window_weight_[g] = den;
     }
-    for (std::size_t i = 0; i < d; ++i) out[i] = float(ws.exact_num_[i] / den);
-    return den;
   }
 
   // ---- the call, stage by stage -------------------------------------------------------
@@ -648,7 +698,7 @@ struct detail_attend {
   static void run(std::span<const float> queries, std::size_t group, const KV& kv,
                   const key_index& idx, const noise_key& nk, const options& user_opt,
                   std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
-                  std::span<const int> level_hints) {
+                  std::span<const int> level_hints, group_history* history) {
     using T = typename KV::element_type;
     // Every stage works on the shifted grid: levels 0..total_levels(), weights relative
     // to c + shift (head_c_), the coarsest threshold 1 (options.hpp, shifted_grid()).
@@ -665,6 +715,17 @@ struct detail_attend {
     if (ws.record_) ws.recorded_.assign(group, {});
     stats.tokens = n;
     stats.pool = pool_end;
+    if (history) level_hints = history->levels();
+    // Routing: a group whose last sparse call cost more than the dense kernel is answered
+    // by the dense kernel (until a probe is due), before any stage reads the index.
+    if (pool_end > 0 && history && history->routes_dense(user_opt)) {
+      route_dense(kv, queries, group, scale, out, certs, ws, which);
+      history->record_dense();
+      return;
+    }
+    const std::size_t budget = sample_budget(user_opt, n);
+    std::size_t spent = 0;        // pool keys the heads so far took into their samples
+    std::size_t exact_count = 0;  // heads of this call answered exactly (ws.exact_heads_)
 
     for (std::size_t g = 0; g < group; ++g) {
       std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
@@ -745,12 +806,18 @@ struct detail_attend {
       float* o = out.data() + g * d;
       bool done = false;
       std::size_t m = 0;  // candidates bucketed
-      if (pool_end == xs.size()) {  // no pool: window and exact set are everything
+      // What this head may still sample; once an earlier head needed the exact pass, the
+      // remaining heads join it (it reads every row anyway).
+      const std::size_t head_budget = budget - std::min(spent, budget);
+      if (user_opt.route == routing::kAuto && exact_count > 0 && pool_end > xs.size()) {
+        cert.path = answer_path::kJoined;
+      } else if (pool_end == xs.size()) {  // no pool: window and exact set are everything
         for (std::size_t i = 0; i < d; ++i)
           o[i] = float(radius.center_at(i) + window_num[i] / window_weight);
         cert.certified = cert.exact = true;
+        cert.path = answer_path::kNoPool;
         cert.max_score = ws.head_max_[g];
-        cert.denominator = std::ldexp(window_weight, top);
+        cert.denominator = unshift(window_weight, ws.head_c_[g], ws.head_max_[g], top);
         done = true;
       } else {
         const int first_last = first_pass_levels(opt);
@@ -791,44 +858,68 @@ struct detail_attend {
             for (std::size_t i = 0; i < d; ++i) o[i] = float(ws.o_hat_[i]);
             cert.certified = true;
             cert.level = j;
-            cert.tau = std::ldexp(sums.tau, top);  // relative to the largest weight
+            cert.tau = unshift(sums.tau, c, ws.head_max_[g], top);  // relative to the largest weight
             cert.bound = lr.bound;
             cert.beta = lr.beta;
             cert.scale_value = lr.scale_value;
             cert.max_score = ws.head_max_[g];
-            cert.denominator = std::ldexp(lr.d_hat, top);
+            cert.denominator = unshift(lr.d_hat, c, ws.head_max_[g], top);
             cert.heavy = st.heavy;
             cert.sampled = st.light_count;
             done = true;
+          } else if (st.heavy + st.light_count > head_budget) {
+            cert.path = answer_path::kOverBudget;
+            break;
           }
         }
+        stats.sampled += st.heavy + st.light_count;
+        spent += st.heavy + st.light_count;
       }
       clock.lap(stats.stage_seconds[4]);
       stats.candidates += pool_end > xs.size() ? m : 0;
-      if (!done) {
-        if (ws.record_) ws.recorded_[g].clear();
-        cert.denominator = exact_head(kv, q, scale, ws.head_max_[g], o, ws);
-        cert.max_score = ws.head_max_[g];
-        cert.exact = true;
-        cert.level = -1;
-        st.keys_read = n;
-        st.values_read = n;
-        ++stats.fallbacks;
-      }
-      clock.lap(stats.stage_seconds[5]);
-      cert.keys_read = st.keys_read;
-      cert.values_read = st.values_read;
-      // Own reads; the shared part (codes, scales, window) is added below, split evenly.
+      // Own reads; the shared part (codes, scales, window, the exact answers' dense pass)
+      // is added below, split evenly.
       const std::size_t exact_rows = W + xs.size();  // shared by the group
       cert.bytes_read =
           st.refined * dp + (st.keys_read - exact_rows + st.values_read - exact_rows) * d * sizeof(T);
       stats.refined += st.refined;
       stats.keys_read += st.keys_read - exact_rows;
       stats.values_read += st.values_read - exact_rows;
+      ws.head_levels_[g] = done ? cert.level : -1;
+      if (!done) {  // answered by the exact pass below, with every other such head
+        if (ws.record_) ws.recorded_[g].clear();
+        ws.exact_heads_[exact_count++] = std::uint32_t(g);
+        if (cert.path == answer_path::kOverBudget || cert.path == answer_path::kJoined)
+          ++stats.over_budget;
+        else
+          cert.path = answer_path::kFallback;
+        cert.exact = true;
+        cert.level = -1;
+      } else {
+        cert.keys_read = st.keys_read;
+        cert.values_read = st.values_read;
+      }
     }
+    std::size_t exact_pass_bytes = 0;
+    if (exact_count > 0) {
+      exact_heads(kv, queries.data(), scale, exact_count, out.data(), ws, which);
+      for (std::size_t i = 0; i < exact_count; ++i) {
+        certificate& cert = certs[ws.exact_heads_[i]];
+        cert.denominator = ws.window_weight_[ws.exact_heads_[i]];
+        cert.max_score = ws.head_max_[ws.exact_heads_[i]];
+        cert.keys_read = n;
+        cert.values_read = n;
+      }
+      stats.fallbacks += exact_count - stats.over_budget;
+      // One pass reads every key and value row once for all these heads.
+      exact_pass_bytes = 2 * n * d * sizeof(T);
+      stats.keys_read += n;
+      stats.values_read += n;
+    }
+    clock.lap(stats.stage_seconds[5]);
     const std::size_t pool_blocks = (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
     const std::size_t shared = pool_blocks * (idx.block_code4_bytes() + 3 * dp * sizeof(float)) +
-                               2 * (W + xs.size()) * d * sizeof(T);
+                               2 * (W + xs.size()) * d * sizeof(T) + exact_pass_bytes;
     stats.keys_read += W + xs.size();
     stats.values_read += W + xs.size();
     stats.bytes_read = shared;
@@ -837,25 +928,49 @@ struct detail_attend {
       certs[g].bytes_read += shared / group;
     }
     stats.dense_bytes = 2 * n * d * sizeof(T);
+    if (history) {
+      const double cost = user_opt.cost.predicted(stats.sampled, n) + (exact_count > 0 ? 1.0 : 0.0);
+      history->record_sparse(cost, std::span<const int>(ws.head_levels_.data(), group));
+    }
+  }
+
+  /// The whole group by the dense kernel (group_history routed it): exact, certified.
+  template <kv_view KV>
+  static void route_dense(const KV& kv, std::span<const float> queries, std::size_t group,
+                          double scale, std::span<float> out, std::span<certificate> certs,
+                          attend_workspace& ws, isa which) {
+    using T = typename KV::element_type;
+    const std::size_t n = kv.size(), d = kv.head_dim();
+    for (std::size_t g = 0; g < group; ++g) {
+      ws.exact_heads_[g] = std::uint32_t(g);
+      ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
+      if (ws.record_) ws.recorded_[g].clear();
+    }
+    exact_heads(kv, queries.data(), scale, group, out.data(), ws, which);
+    group_stats& stats = ws.stats_;
+    stats.keys_read = stats.values_read = n;
+    stats.routed = group;
+    stats.dense_bytes = stats.bytes_read = 2 * n * d * sizeof(T);
+    for (std::size_t g = 0; g < group; ++g) {
+      certificate& cert = certs[g];
+      cert = {};
+      cert.certified = cert.exact = true;
+      cert.path = answer_path::kRouted;
+      cert.max_score = ws.head_max_[g];
+      cert.denominator = ws.window_weight_[g];
+      cert.keys_read = cert.values_read = n;
+      cert.bytes_read = stats.bytes_read / group;
+    }
   }
 };
 
-/// Certified attention for the G query heads of one GQA group over one KV head.
-///   queries [group][head_dim] (unscaled; options.softmax_scale applies), kv the head's
-///   cache (kv.size() tokens, oldest first), idx its key index (idx.size() == kv.size()),
-///   nk the perturbation key (layer, kv head, decoding step: advance the step every call),
-///   out [group][head_dim], certs [group]. The workspace is the caller's: a call within
-///   its sizes allocates nothing. Single-threaded and reentrant; calls on different
-///   groups may run concurrently, also on one shared index.
-///   level_hints: empty, or [group] the level each head stopped at in this (layer, KV
-///   head)'s previous step (certificate::level; -1 for none). The tight certificate
-///   spends most of delta around it (level_delta_share()), which lets heads stop with
-///   fewer keys; any value is valid, since it is fixed before the perturbations.
+namespace detail {
+/// attend_group()'s argument checks: a certattn::error naming the first bad argument.
 template <kv_view KV>
-void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
-                  const key_index& idx, const noise_key& nk, const options& opt,
-                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
-                  std::span<const int> level_hints = {}) {
+void check_attend_call(std::span<const float> queries, std::size_t group, const KV& kv,
+                       const key_index& idx, const options& opt, std::span<float> out,
+                       std::span<certificate> certs, const attend_workspace& ws,
+                       std::span<const int> level_hints) {
   validate(opt);
   const std::size_t n = kv.size(), d = kv.head_dim();
   validate_shape(opt, n, d);
@@ -905,8 +1020,45 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
                   " exceeds 2^100: scores this large overflow the float score bounds");
     }
   }
-
-  detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws, level_hints);
 }
+}  // namespace detail
+
+/// Certified attention for the G query heads of one GQA group over one KV head.
+///   queries [group][head_dim] (unscaled; options.softmax_scale applies), kv the head's
+///   cache (kv.size() tokens, oldest first), idx its key index (idx.size() == kv.size()),
+///   nk the perturbation key (layer, kv head, decoding step: advance the step every call),
+///   out [group][head_dim], certs [group]. The workspace is the caller's: a call within
+///   its sizes allocates nothing. Single-threaded and reentrant; calls on different
+///   groups may run concurrently, also on one shared index.
+///   history: this (layer, KV head)'s group_history (history.hpp), kept by the engine
+///   from step to step. It carries each head's last stopping level, around which the
+///   tight certificate spends most of delta (level_delta_share()), so that heads stop
+///   with fewer keys, and routes groups whose sparse path lost to the dense kernel
+///   (options::route). Without one, the call has no hints and routes no group; a head
+///   whose sample outgrows sample_budget() is still answered exactly.
+template <kv_view KV>
+void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
+                  const key_index& idx, const noise_key& nk, const options& opt,
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                  group_history& history) {
+  if (history.group() != group)
+    throw error("history (group_history) is for group " + std::to_string(history.group()) +
+                ", the call has group " + std::to_string(group));
+  detail::check_attend_call(queries, group, kv, idx, opt, out, certs, ws, {});
+  detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws, {}, &history);
+}
+
+/// The same without a history, with optional level hints: empty, or [group] the level
+/// each head stopped at in this (layer, KV head)'s previous step (certificate::level; -1
+/// for none). Any hint is valid, since it is fixed before the perturbations.
+template <kv_view KV>
+void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
+                  const key_index& idx, const noise_key& nk, const options& opt,
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                  std::span<const int> level_hints = {}) {
+  detail::check_attend_call(queries, group, kv, idx, opt, out, certs, ws, level_hints);
+  detail_attend::run(queries, group, kv, idx, nk, opt, out, certs, ws, level_hints, nullptr);
+}
+
 
 }  // namespace certattn

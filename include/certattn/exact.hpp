@@ -4,6 +4,7 @@
 
 #include <certattn/arch/score_dot.hpp>
 #include <certattn/common.hpp>
+#include <certattn/layout.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -106,6 +107,15 @@ inline exact_result exact_attention(std::span<const Q> q, matrix_view<T> keys,
   r.output_norm = std::sqrt(on);
   r.value_scale = std::sqrt(sq / r.denominator);
   return r;
+}
+
+/// The same over a kv_view (any layout: the adapters of layout.hpp or an engine's own),
+/// its rows gathered first: exact_attention(q, kv) checks a certified call on the view it
+/// was given.
+template <class Q, kv_view KV>
+inline exact_result exact_attention(std::span<const Q> q, const KV& kv, double softmax_scale = 0.0) {
+  const dense_rows<KV> rows(kv);
+  return exact_attention(q, rows.key_matrix(), rows.value_matrix(), softmax_scale);
 }
 
 }  // namespace certattn

@@ -6,11 +6,13 @@
 
 #include <certattn/common.hpp>
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace certattn {
 
@@ -24,8 +26,9 @@ concept kv_view = requires(const V& v, std::size_t t) {
   requires storage_element<typename V::element_type>;
   { v.size() } -> std::convertible_to<std::size_t>;
   { v.head_dim() } -> std::convertible_to<std::size_t>;
-  { v.key(t) } -> std::same_as<const typename V::element_type*>;
-  { v.value(t) } -> std::same_as<const typename V::element_type*>;
+  // Any pointer to the element type will do (an engine's accessors often return T*).
+  { v.key(t) } -> std::convertible_to<const typename V::element_type*>;
+  { v.value(t) } -> std::convertible_to<const typename V::element_type*>;
 };
 
 /// Keys and values in two arrays with runtime token strides (in elements). Covers
@@ -160,5 +163,27 @@ template <storage_element T>
 matrix_view<T> values_matrix(const strided_kv<T>& kv) {
   return {kv.value(0), kv.size(), kv.head_dim(), kv.value_stride()};
 }
+
+/// Dense copies of a kv_view's key and value rows ([size][head_dim] each, any layout), as
+/// the matrices the oracles take (exact_attention, reference_attend). Allocates: for
+/// checks, not for the decode path.
+template <kv_view KV>
+struct dense_rows {
+  using T = typename KV::element_type;
+  std::vector<T> keys, values;
+  std::size_t n = 0, d = 0;
+  explicit dense_rows(const KV& kv) : n(kv.size()), d(kv.head_dim()) {
+    keys.resize(n * d);
+    values.resize(n * d);
+    for (std::size_t t = 0; t < n; ++t) {
+      const T* k = kv.key(t);
+      const T* v = kv.value(t);
+      std::copy(k, k + d, keys.begin() + std::ptrdiff_t(t * d));
+      std::copy(v, v + d, values.begin() + std::ptrdiff_t(t * d));
+    }
+  }
+  matrix_view<T> key_matrix() const { return {keys.data(), n, d, d}; }
+  matrix_view<T> value_matrix() const { return {values.data(), n, d, d}; }
+};
 
 }  // namespace certattn

@@ -4,6 +4,7 @@
 
 #include <certattn/common.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -55,6 +56,45 @@ inline certificate_kind certificate_kind_from_string(std::string_view s) {
   throw error("certificate: unknown name '" + std::string(s) + "' (expected tight or classic)");
 }
 
+/// Whether the certified call may answer a group with exact attention when the sparse
+/// path would cost more than the dense kernel (docs/integration.md, "Routing").
+///   kAuto  a head whose sample outgrows its budget (sample_budget()) is answered exactly,
+///          and a group_history that saw the group lose routes its next calls to the dense
+///          kernel, probing the sparse path again after 4, 8, ..., 64 dense calls
+///   kOff   always the sparse path (the benches that study the certificate itself)
+/// Exact answers are always valid, so routing never weakens a certificate.
+enum class routing { kAuto, kOff };
+
+inline std::string_view to_string(routing r) noexcept {
+  return r == routing::kAuto ? "auto" : r == routing::kOff ? "off" : "?";
+}
+
+inline routing routing_from_string(std::string_view s) {
+  if (s == "auto") return routing::kAuto;
+  if (s == "off") return routing::kOff;
+  throw error("routing: unknown name '" + std::string(s) + "' (expected auto or off)");
+}
+
+/// The time of a certified group call relative to the dense kernel on the same group,
+/// predicted from the keys its heads sampled: fixed + per_key * sampled / tokens, where
+/// `sampled` sums heavy and sampled light pool keys over the group's heads. `fixed` is the
+/// share of the stages that read every pool key's 4-bit codes (scan, perturbation bounds,
+/// max score); `per_key` the cost of one sampled key (candidate refinement, its exact key
+/// and value rows, read at random positions) in units of one token of the dense kernel.
+/// The defaults are a least-squares fit over ten regimes at 16K, 32K and 128K tokens,
+/// G = 4, one thread (docs/bench.md, "Routing and the cost model");
+/// `certattn-bench speed --fit-cost` fits them on another machine. `give_up` is the
+/// predicted cost at which a call stops sampling (sample_budget()): a call then costs at
+/// most about give_up + 1 dense kernels (the spent part, then one dense pass).
+struct cost_model {
+  double fixed = 0.6;
+  double per_key = 6.4;
+  double give_up = 2.0;
+  double predicted(std::size_t sampled, std::size_t tokens) const noexcept {
+    return fixed + per_key * double(sampled) / double(tokens);
+  }
+};
+
 /// Options of a certified call. A plain struct: set what you need, keep the defaults.
 struct options {
   double epsilon = 0.1;                         // target error, relative to `scale`
@@ -67,6 +107,8 @@ struct options {
   double softmax_scale = 0.0;                   // 0 means 1/sqrt(head_dim)
   std::uint64_t seed = 0;                       // perturbation seed, fixed before the call
   certificate_kind certificate = certificate_kind::kTight;
+  routing route = routing::kAuto;               // exact answers where sparse would cost more
+  cost_model cost{};                            // the break-even of `route`
 
   /// The classic certificate's per-event failure budget delta / ((J+1) * 3): three events
   /// per level (count interval, second-moment bound, numerator bound), union-bounded over
@@ -130,6 +172,16 @@ inline void validate(const options& o) {
                 std::to_string(o.softmax_scale));
   if (o.certificate != certificate_kind::kTight && o.certificate != certificate_kind::kClassic)
     throw error("options.certificate is not a valid certificate_kind");
+  if (o.route != routing::kAuto && o.route != routing::kOff)
+    throw error("options.route is not a valid routing");
+  if (!(o.cost.fixed >= 0.0 && o.cost.fixed < 1.0))
+    throw error("options.cost.fixed must lie in [0, 1), got " + std::to_string(o.cost.fixed));
+  if (!(o.cost.per_key > 0.0) || !std::isfinite(o.cost.per_key))
+    throw error("options.cost.per_key must be finite and > 0, got " +
+                std::to_string(o.cost.per_key));
+  if (!(o.cost.give_up >= 1.0) || !std::isfinite(o.cost.give_up))
+    throw error("options.cost.give_up must be finite and >= 1, got " +
+                std::to_string(o.cost.give_up));
   switch (o.scale) {
     case error_scale::kDenominator:
     case error_scale::kOutputNorm:
@@ -139,16 +191,53 @@ inline void validate(const options& o) {
 }
 
 /// Shape checks shared by every entry point.
-inline void validate_shape(const options& o, std::size_t n_tokens, std::size_t head_dim) {
+inline void validate_shape(const options& /*o*/, std::size_t n_tokens, std::size_t head_dim) {
   if (head_dim == 0) throw error("head_dim must be > 0");
   if (n_tokens == 0) throw error("n_tokens: the cache is empty");
+}
+
+/// How a call answered one query head.
+enum class answer_path : std::uint8_t {
+  kSampled,     // a certified level of the sparse path
+  kNoPool,      // the cache is no longer than the window (plus the exact set): exact
+  kFallback,    // no level certified: exact attention
+  kOverBudget,  // the group's sample outgrew sample_budget() before this head certified: exact
+  kJoined,      // an earlier head of the group needed the exact pass: this one joined it
+  kRouted,      // group_history routed the group to the dense kernel: exact
+};
+
+inline std::string_view to_string(answer_path p) noexcept {
+  switch (p) {
+    case answer_path::kSampled: return "sampled";
+    case answer_path::kNoPool: return "no_pool";
+    case answer_path::kFallback: return "fallback";
+    case answer_path::kOverBudget: return "over_budget";
+    case answer_path::kJoined: return "joined";
+    case answer_path::kRouted: return "routed";
+  }
+  return "?";
+}
+
+/// The most pool keys (heavy and sampled light, summed over the heads in call order) a
+/// group call may take into its samples before it stops: where the sparse path's
+/// predicted cost reaches options.cost.give_up dense kernels. The head whose level loop
+/// crosses it, and every later head of the group, is answered by one exact pass, so that
+/// a call costs at most about give_up + 1 dense kernels (the budget spent, then the dense
+/// pass). Unlimited when options.route is kOff.
+inline std::size_t sample_budget(const options& o, std::size_t tokens) noexcept {
+  if (o.route == routing::kOff) return std::size_t(-1);
+  const double b = std::max(0.0, o.cost.give_up - o.cost.fixed) * double(tokens) / o.cost.per_key;
+  return b >= 0x1p62 ? std::size_t(-1) : std::size_t(b);
 }
 
 /// What a call reports for one query head.
 struct certificate {
   bool certified = false;       // true: error <= epsilon * scale with prob >= 1 - delta
-  bool exact = false;           // true: the output is exact attention (no level certified,
-                                //       or an empty pool): error 0
+                                //   (also the exact paths kNoPool and kRouted; false for
+                                //   kFallback, kOverBudget and kJoined: the sparse path
+                                //   gave up)
+  bool exact = false;           // true: the output is exact attention: error 0
+  answer_path path = answer_path::kSampled;  // which of the call's paths answered
   int level = -1;               // stopping level j, -1 when exact (0 = the coarsest)
   double tau = 0.0;             // its threshold, relative to the largest weight
   double bound = 0.0;           // certified error bound relative to its scale:

@@ -22,6 +22,10 @@ struct noise_key {
   std::uint64_t step = 0;
   std::uint32_t layer = 0;
   std::uint32_t kv_head = 0;
+  // The request or sequence the call belongs to, so that concurrent sequences of one
+  // engine (one options.seed) draw independent perturbations; 0 leaves the stream of
+  // (seed, step, layer, kv_head) as it is without one.
+  std::uint64_t sequence = 0;
 
   constexpr noise_key() noexcept = default;
   /// From any integer types (an engine's size_t or int indices): a negative value, or a
@@ -31,6 +35,10 @@ struct noise_key {
       : step(checked<std::uint64_t>(s, "step")),
         layer(checked<std::uint32_t>(l, "layer")),
         kv_head(checked<std::uint32_t>(h, "kv_head")) {}
+  template <std::integral Step, std::integral Layer, std::integral Head, std::integral Seq>
+  constexpr noise_key(Step s, Layer l, Head h, Seq q) : noise_key(s, l, h) {
+    sequence = checked<std::uint64_t>(q, "sequence");
+  }
 
  private:
   template <class To, class From>
@@ -128,11 +136,12 @@ class perturbation {
  private:
   static constexpr std::uint64_t derive(std::uint64_t seed, const noise_key& k) noexcept {
     // Each field passes through the bijective mixer with its own offset, so distinct
-    // (seed, step, layer, head) tuples give unrelated streams.
+    // (seed, step, layer, head, sequence) tuples give unrelated streams.
     std::uint64_t h = detail::mix64(seed + 0x243f6a8885a308d3ULL);
     h = detail::mix64(h ^ (k.step + 0x13198a2e03707344ULL));
     h = detail::mix64(h ^ (std::uint64_t(k.layer) + 0xa4093822299f31d0ULL));
     h = detail::mix64(h ^ (std::uint64_t(k.kv_head) + 0x082efa98ec4e6c89ULL));
+    if (k.sequence != 0) h = detail::mix64(h ^ (k.sequence + 0x452821e638d01377ULL));
     return h;
   }
   std::uint64_t key_;

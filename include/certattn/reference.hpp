@@ -6,6 +6,7 @@
 
 #include <certattn/certificate.hpp>
 #include <certattn/exact.hpp>
+#include <certattn/history.hpp>
 #include <certattn/options.hpp>
 #include <certattn/perturb.hpp>
 #include <certattn/sampler.hpp>
@@ -44,6 +45,9 @@ struct reference_result {
   std::vector<int> heavy_level;
   std::size_t exact_set = 0;        // pool tokens moved to the exact set
   float value_cap = 0.0f;           // the cap that defined it
+  // Heavy and sampled light pool keys at the last level the loop processed (0 when it ran
+  // none): what the head spent of sample_budget().
+  std::size_t sample_size = 0;
 };
 
 /// Extra inputs that let the reference reproduce an index's value bound exactly.
@@ -59,6 +63,14 @@ struct reference_extras {
   float reach_floor = std::numeric_limits<float>::quiet_NaN();
   // The tight certificate's level hint (level_delta_share()); -1: none.
   int level_hint = -1;
+  // The history the attend_group() call to reproduce was given (nullptr: none): the
+  // reference routes to exact attention exactly when group_history::routes_dense() says so.
+  const group_history* history = nullptr;
+  // The group's earlier heads in that call (reference_attend_group() fills both): the pool
+  // keys they took into their samples (reference_result::sample_size), which count
+  // against sample_budget(), and whether one of them needed the exact pass.
+  std::size_t group_spent = 0;
+  bool group_exact = false;
 };
 
 /// The certified estimate for query q over all rows of keys/values (token order: oldest
@@ -155,8 +167,16 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     res.sample_level[t] = earliest_level(x + pert.exp1(t), r, J);
   }
 
+  // Routing (options::route): the whole call by exact attention when the history says so,
+  // and a head whose sample outgrows its budget stops there (answered exactly below).
+  const bool routed = pool_end > 0 && extras.history && extras.history->routes_dense(opt);
+  const bool joined = !routed && opt.route == routing::kAuto && extras.group_exact &&
+                      pool_end > res.exact_set;
+  const std::size_t budget = sample_budget(opt, n);
+  const std::size_t head_budget = budget - std::min(extras.group_spent, budget);
+  bool over_budget = false;
   std::vector<double> exact_num(d), light_sum(d), o_hat(d), c0(d);
-  for (int j = 0; j <= J && pool_end > res.exact_set; ++j) {
+  for (int j = 0; j <= J && pool_end > res.exact_set && !routed && !joined; ++j) {
     const double tau = tau_of(j, r);
     level_sums sums;
     sums.tau = tau;
@@ -189,17 +209,18 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     sums.light_sum = light_sum;
     const level_result lr = certify(sums, radius, design, grid, j, extras.level_hint, o_hat, c0);
     res.trace.push_back({j, tau, heavy, sums.light_count, lr});
+    res.sample_size = heavy + sums.light_count;
     if (lr.certified) {
       res.output = o_hat;
       certificate& cert = res.cert;
       cert.certified = true;
       cert.level = j;
-      cert.tau = std::ldexp(tau, top);  // relative to the largest weight
+      cert.tau = unshift(tau, cw, c, top);  // relative to the largest weight
       cert.bound = lr.bound;
       cert.beta = lr.beta;
       cert.scale_value = lr.scale_value;
       cert.max_score = c;
-      cert.denominator = std::ldexp(lr.d_hat, top);
+      cert.denominator = unshift(lr.d_hat, cw, c, top);
       cert.heavy = heavy;
       cert.sampled = sums.light_count;
       // The reference reads every key; it reports what an exact candidate generator
@@ -209,12 +230,22 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       cert.bytes_read = (cert.keys_read + cert.values_read) * d * sizeof(T);
       return res;
     }
+    if (heavy + sums.light_count > head_budget) {
+      over_budget = true;
+      break;
+    }
   }
 
-  // No level certified (or the pool is empty): exact attention, error 0.
+  // No level certified (or the pool is empty, or the call routed): exact attention, error 0.
   const exact_result ex = exact_attention(q, keys, values, opt.effective_softmax_scale(d));
   res.output = ex.output;
-  res.cert.certified = pool_end == res.exact_set;  // an empty pool: exact, trivially certified
+  res.cert.path = routed                     ? answer_path::kRouted
+                  : pool_end == res.exact_set ? answer_path::kNoPool
+                  : joined                   ? answer_path::kJoined
+                  : over_budget              ? answer_path::kOverBudget
+                                             : answer_path::kFallback;
+  // An empty pool or a routed call: exact by design, certified with error 0.
+  res.cert.certified = res.cert.path == answer_path::kNoPool || res.cert.path == answer_path::kRouted;
   res.cert.exact = true;
   res.cert.level = -1;
   res.cert.max_score = c;
@@ -223,6 +254,52 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   res.cert.values_read = n;
   res.cert.bytes_read = 2 * n * d * sizeof(T);
   return res;
+}
+
+/// The reference of one attend_group() call: reference_attend() for each of its `group`
+/// query heads in call order, passing each what the earlier heads spent of
+/// sample_budget() and whether one of them needed the exact pass (so that the routing
+/// decisions are the fast path's). queries [group][head_dim]. Each head's level hint is
+/// level_hints[g] when given, else history->levels()[g] when extras.history is set, else
+/// extras.level_hint.
+template <class Q, cache_element T>
+inline std::vector<reference_result> reference_attend_group(
+    std::span<const Q> queries, std::size_t group, matrix_view<T> keys, matrix_view<T> values,
+    const options& opt, const noise_key& nk, reference_extras extras = {},
+    std::span<const int> level_hints = {}) {
+  if (group == 0 || queries.size() != group * keys.cols)
+    throw error("reference_attend_group: queries has " + std::to_string(queries.size()) +
+                " elements, expected group * head_dim = " + std::to_string(group * keys.cols));
+  if (!level_hints.empty() && level_hints.size() != group)
+    throw error("reference_attend_group: level_hints has " + std::to_string(level_hints.size()) +
+                " elements, expected 0 or group = " + std::to_string(group));
+  std::vector<reference_result> out;
+  out.reserve(group);
+  const std::size_t d = keys.cols;
+  for (std::size_t g = 0; g < group; ++g) {
+    reference_extras e = extras;
+    if (!level_hints.empty())
+      e.level_hint = level_hints[g];
+    else if (extras.history && extras.history->group() == group)
+      e.level_hint = extras.history->levels()[g];
+    out.push_back(reference_attend(queries.subspan(g * d, d), keys, values, opt, nk, e));
+    extras.group_spent += out.back().sample_size;
+    const answer_path p = out.back().cert.path;
+    extras.group_exact = extras.group_exact || p == answer_path::kFallback ||
+                         p == answer_path::kOverBudget || p == answer_path::kJoined;
+  }
+  return out;
+}
+
+/// The same over a kv_view (any layout), its rows gathered first: the arguments of the
+/// attend_group() call it reproduces, in the same order.
+template <class Q, kv_view KV>
+inline std::vector<reference_result> reference_attend_group(
+    std::span<const Q> queries, std::size_t group, const KV& kv, const options& opt,
+    const noise_key& nk, const reference_extras& extras = {}, std::span<const int> level_hints = {}) {
+  const dense_rows<KV> rows(kv);
+  return reference_attend_group(queries, group, rows.key_matrix(), rows.value_matrix(), opt, nk,
+                                extras, level_hints);
 }
 
 }  // namespace certattn

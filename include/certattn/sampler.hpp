@@ -25,6 +25,14 @@ inline double tau_of(int level, int grid_ratio) noexcept {
 inline double grid_shift(int top_halvings) noexcept {
   return double(top_halvings) * std::numbers::ln2;
 }
+/// A quantity relative to the shifted reference c_shifted = fl(c + grid_shift(top)) (a
+/// weight sum, a threshold), made relative to exp(c) instead. Multiplies by 2^top exactly
+/// when c + shift rounded to nothing, and otherwise also by exp of the rounding (up to
+/// ulp(c) / 2: 2e-4 relative at |c| = 1e12), so that a reported denominator means
+/// sum exp(s - c) whatever the magnitude of c.
+inline double unshift(double x, double c_shifted, double c, int top_halvings) noexcept {
+  return std::ldexp(x * std::exp((c_shifted - c) - grid_shift(top_halvings)), top_halvings);
+}
 
 /// Heavy at level j: w_i >= tau_j, i.e. s_i - c >= ln tau_j. Heavy keys are always sampled.
 inline bool is_heavy(double score_minus_c, double ln_tau_j) noexcept {

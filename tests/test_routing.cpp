@@ -1,0 +1,253 @@
+// Routing (options::route, group_history, sample_budget): the certified call answers with
+// exact attention where the sparse path would cost more than the dense kernel, and the
+// reference makes the same decisions. Deterministic (fixed caches, queries and seeds):
+// these tests fail only on a wrong decision, a wrong answer or a wrong byte count.
+#include <certattn/attend.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/history.hpp>
+#include <certattn/reference.hpp>
+#include <certattn/synthetic.hpp>
+
+#include "support/harness.hpp"
+#include "support/layouts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using namespace certattn;
+
+TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
+  options o;
+  group_history h(4);
+  EXPECT_FALSE(h.routes_dense(o)) << "no sparse call seen yet";
+  EXPECT_TRUE(std::isnan(h.last_cost()));
+  const std::vector<int> levels{3, -1, 5, 7};
+  h.record_sparse(1.7, levels);
+  EXPECT_EQ(h.levels()[0], 3);
+  EXPECT_EQ(h.levels()[1], -1);
+  EXPECT_DOUBLE_EQ(h.last_cost(), 1.7);
+  // 4 dense calls, a probe; each probe that loses doubles the wait, up to 64.
+  std::uint32_t expected = group_history::kFirstProbeInterval;
+  for (int round = 0; round < 8; ++round) {
+    for (std::uint32_t k = 0; k < expected; ++k) {
+      ASSERT_TRUE(h.routes_dense(o)) << "round " << round << " call " << k;
+      h.record_dense();
+    }
+    ASSERT_FALSE(h.routes_dense(o)) << "the probe of round " << round << " is due";
+    h.record_sparse(1.3, std::vector<int>{-1, 2, -1, -1});
+    expected = std::min(group_history::kMaxProbeInterval, 2 * expected);
+    ASSERT_EQ(h.probe_interval(), expected);
+  }
+  EXPECT_EQ(h.levels()[0], 3) << "an exact head keeps its previous hint";
+  EXPECT_EQ(h.levels()[1], 2);
+  // A probe that wins: sparse again, and the next loss waits 4 calls again.
+  for (std::uint32_t k = 0; k < expected; ++k) h.record_dense();
+  h.record_sparse(0.6, levels);
+  EXPECT_FALSE(h.routes_dense(o));
+  EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
+  // Routing off: never dense.
+  h.record_sparse(5.0, levels);
+  options off;
+  off.route = routing::kOff;
+  EXPECT_TRUE(h.routes_dense(o));
+  EXPECT_FALSE(h.routes_dense(off));
+  h.reset();
+  EXPECT_FALSE(h.routes_dense(o));
+  EXPECT_EQ(h.levels()[2], -1);
+  EXPECT_THROW(group_history(0), certattn::error);
+}
+
+TEST(SampleBudget, IsTheBreakEvenOfTheCostModel) {
+  options o;  // fixed 0.6, per_key 6.4, give_up 2
+  EXPECT_EQ(sample_budget(o, 32768), std::size_t((2.0 - 0.6) * 32768 / 6.4));  // 7167
+  o.cost.fixed = 0.5;
+  o.cost.per_key = 4.0;
+  EXPECT_EQ(sample_budget(o, 1000), 375u);
+  o.cost.give_up = 1.0;
+  EXPECT_EQ(sample_budget(o, 1000), 125u);
+  o.route = routing::kOff;
+  EXPECT_EQ(sample_budget(o, 1000), std::size_t(-1));
+  options bad;
+  bad.cost.fixed = 1.0;
+  EXPECT_THROW(validate(bad), certattn::error);
+  bad = {};
+  bad.cost.per_key = 0.0;
+  EXPECT_THROW(validate(bad), certattn::error);
+  bad = {};
+  bad.cost.give_up = 0.9;
+  EXPECT_THROW(validate(bad), certattn::error);
+  bad = {};
+  bad.route = routing(7);
+  EXPECT_THROW(validate(bad), certattn::error);
+}
+
+struct flat_case {
+  synthetic::kv_cache cache;
+  strided_kv<half> kv;
+  key_index idx;
+  std::vector<half> kmat, vmat;
+};
+
+flat_case make_case(synthetic::regime r, std::size_t n, std::size_t d) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kind = r;
+  cfg.seed = 77;
+  flat_case c{synthetic::make_cache(cfg), {}, key_index(d), {}, {}};
+  c.kv = strided_kv<half>(c.cache.key_row(0, 0), c.cache.value_row(0, 0), n, d, d, d);
+  c.idx.build(c.kv);
+  test::gather_head<half>(c.kv, c.kmat, c.vmat);
+  return c;
+}
+
+// A flat group: the first call's heads outgrow their budgets and are answered exactly;
+// the history then routes the next 4 calls to the dense kernel (exact, certified, every
+// row read once for the group), then probes; the reference agrees on every call.
+TEST(Routing, FlatGroupIsRoutedToTheDenseKernelAndProbed) {
+  const std::size_t n = 16384, d = 128, G = 4;
+  flat_case c = make_case(synthetic::regime::kUniform, n, d);
+  options opt;
+  opt.seed = 3;
+  group_history history(G);
+  std::vector<std::string> paths;
+  for (std::uint64_t step = 0; step < 11; ++step) {
+    const std::vector<float> q = synthetic::make_queries(c.cache, 0, G, step);
+    const group_history before = history;
+    const noise_key nk{step, 1, 0};
+    const test::group_run run = test::run_group(c.kv, c.idx, q, G, opt, nk, &history);
+    const std::string diff = test::compare_with_reference(
+        make_matrix_view(c.kmat.data(), n, d), make_matrix_view(c.vmat.data(), n, d), c.idx, q, G,
+        opt, nk, run, &before);
+    ASSERT_TRUE(diff.empty()) << "step " << step << ": " << diff;
+    // The call's answer: every head routed, or the sparse path with some heads exact.
+    paths.push_back(run.stats.routed == G         ? "routed"
+                    : run.stats.over_budget > 0   ? "over_budget"
+                                                  : "sparse");
+    if (run.certs[0].path == answer_path::kRouted) {
+      EXPECT_EQ(run.stats.routed, G);
+      EXPECT_EQ(run.stats.keys_read, n);
+      EXPECT_EQ(run.stats.bytes_read, run.stats.dense_bytes);
+      for (std::size_t g = 0; g < G; ++g) {
+        EXPECT_TRUE(run.certs[g].certified && run.certs[g].exact);
+        EXPECT_EQ(run.certs[g].bound, 0.0);
+        const auto ex = exact_attention(std::span<const float>(q.data() + g * d, d),
+                                        make_matrix_view(c.kmat.data(), n, d),
+                                        make_matrix_view(c.vmat.data(), n, d));
+        for (std::size_t i = 0; i < d; ++i)
+          ASSERT_NEAR(run.out[g * d + i], ex.output[i], 1e-5 * std::max(1.0, ex.output_norm));
+      }
+    }
+  }
+  // sparse (lost), 4 routed, probe (lost), 8 routed... the first 11 calls:
+  const std::vector<std::string> expected{"over_budget", "routed", "routed", "routed", "routed",
+                                          "over_budget", "routed", "routed", "routed", "routed",
+                                          "routed"};
+  EXPECT_EQ(paths, expected);
+  EXPECT_EQ(history.probe_interval(), 2 * group_history::kFirstProbeInterval);
+}
+
+// A focused group stays on the sparse path: no head reaches its budget, the history's
+// cost stays below 1 and never routes.
+TEST(Routing, FocusedGroupStaysSparse) {
+  const std::size_t n = 16384, d = 128, G = 4;
+  flat_case c = make_case(synthetic::regime::kExtreme, n, d);
+  options opt;
+  group_history history(G);
+  for (std::uint64_t step = 0; step < 6; ++step) {
+    const std::vector<float> q = synthetic::make_queries(c.cache, 0, G, step);
+    const test::group_run run = test::run_group(c.kv, c.idx, q, G, opt, {step, 0, 0}, &history);
+    for (std::size_t g = 0; g < G; ++g)
+      ASSERT_EQ(run.certs[g].path, answer_path::kSampled) << "step " << step << " head " << g;
+    ASSERT_LT(history.last_cost(), 1.0);
+    ASSERT_FALSE(history.routes_dense(opt));
+  }
+}
+
+// The bounded worst case, in the cost model's units (the dense kernel = 1): with routing
+// no call of any regime is predicted to cost more than give_up + 1.5 dense kernels (the
+// budget spent, one level's overshoot, then one dense pass), and no call reads more than
+// twice its bytes. Without routing the flat regimes cost more than that, which shows the
+// bound is not vacuous.
+TEST(Routing, NoCallCostsMuchMoreThanTheDenseKernel) {
+  const std::size_t n = 16384, d = 128, G = 4;
+  double worst_off = 0.0;
+  for (int r = 0; r <= int(synthetic::regime::kMixed); ++r) {
+    flat_case c = make_case(synthetic::regime(r), n, d);
+    for (routing route : {routing::kAuto, routing::kOff}) {
+      options opt;
+      opt.route = route;
+      group_history history(G);
+      double worst = 0.0, worst_bytes = 0.0;
+      for (std::uint64_t step = 0; step < 6; ++step) {
+        const std::vector<float> q = synthetic::make_queries(c.cache, 0, G, step);
+        const test::group_run run = test::run_group(c.kv, c.idx, q, G, opt, {step, 0, 0}, &history);
+        const bool exact_pass = run.stats.routed + run.stats.over_budget + run.stats.fallbacks > 0;
+        const double cost = run.stats.routed == G ? 1.0
+                                                  : opt.cost.predicted(run.stats.sampled, n) + exact_pass;
+        worst = std::max(worst, cost);
+        worst_bytes = std::max(worst_bytes, double(run.stats.bytes_read) / double(run.stats.dense_bytes));
+      }
+      std::printf("[ cost    ] %-17s routing %-4s worst call: predicted %.2fx dense, %.2fx its bytes\n",
+                  std::string(synthetic::to_string(synthetic::regime(r))).c_str(),
+                  std::string(to_string(route)).c_str(), worst, worst_bytes);
+      if (route == routing::kAuto) {
+        EXPECT_LE(worst, opt.cost.give_up + 1.5) << synthetic::to_string(synthetic::regime(r));
+        EXPECT_LE(worst_bytes, 2.0) << synthetic::to_string(synthetic::regime(r));
+      } else {
+        worst_off = std::max(worst_off, worst);
+      }
+    }
+  }
+  EXPECT_GT(worst_off, options{}.cost.give_up + 1.5) << "without routing some regime should exceed the bound";
+}
+
+TEST(Routing, HistoryOfAnotherGroupSizeIsRefused) {
+  const std::size_t n = 256, d = 16;
+  flat_case c = make_case(synthetic::regime::kMixed, n, d);
+  attend_workspace ws(4, d, n);
+  group_history history(2);
+  std::vector<float> q(4 * d, 0.5f), out(4 * d);
+  std::vector<certificate> certs(4);
+  try {
+    attend_group(std::span<const float>(q), 4, c.kv, c.idx, {0, 0, 0}, options{},
+                 std::span<float>(out), std::span<certificate>(certs), ws, history);
+    FAIL() << "expected certattn::error";
+  } catch (const certattn::error& e) {
+    EXPECT_NE(std::string(e.what()).find("history"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+namespace {
+// The oracles also take the kv_view of the call they check (rows gathered): the same
+// results as over the matrices.
+TEST(Oracles, TakeTheCallsKvView) {
+  const std::size_t n = 3000, d = 64, G = 2;
+  flat_case c = make_case(synthetic::regime::kMixed, n, d);
+  const std::vector<float> q = synthetic::make_queries(c.cache, 0, G, 4);
+  options opt;
+  opt.seed = 9;
+  group_history history(G);
+  reference_extras extras{c.idx.value_center(), c.idx.value_cap(), c.idx.reach_floor()};
+  extras.history = &history;
+  const auto a = reference_attend_group(std::span<const float>(q), G, c.kv, opt, {4, 0, 0}, extras);
+  const auto b = reference_attend_group(std::span<const float>(q), G, make_matrix_view(c.kmat.data(), n, d),
+                                        make_matrix_view(c.vmat.data(), n, d), opt, {4, 0, 0}, extras);
+  for (std::size_t g = 0; g < G; ++g) {
+    EXPECT_EQ(a[g].output, b[g].output);
+    EXPECT_EQ(a[g].cert.level, b[g].cert.level);
+    const auto ea = exact_attention(std::span<const float>(q.data() + g * d, d), c.kv);
+    const auto eb = exact_attention(std::span<const float>(q.data() + g * d, d),
+                                    make_matrix_view(c.kmat.data(), n, d), make_matrix_view(c.vmat.data(), n, d));
+    EXPECT_EQ(ea.output, eb.output);
+    EXPECT_EQ(ea.denominator, eb.denominator);
+  }
+}
+}  // namespace
