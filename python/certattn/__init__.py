@@ -25,13 +25,22 @@ from . import _core
 
 __all__ = [
     "KeyIndex", "attend", "dense_attend", "exact_attention", "reference_attend", "audit",
-    "AuditReport", "CERTIFICATE_DTYPE", "EXACT_DTYPE", "active_isa",
+    "AuditReport", "CERTIFICATE_DTYPE", "EXACT_DTYPE", "ANSWER_PATHS", "DEFAULT_COST", "path_names",
+    "active_isa",
 ]
 
 #: The record of one certificate (one query head): the fields of certattn::certificate
-#: (certified, exact, level, tau, bound, beta, scale_value, max_score, denominator, heavy,
-#: sampled, keys_read, values_read, bytes_read), laid out as the C++ record.
+#: (certified, exact, path, level, tau, bound, beta, scale_value, max_score, denominator,
+#: heavy, sampled, keys_read, values_read, bytes_read), laid out as the C++ record.
 CERTIFICATE_DTYPE = _core.CERTIFICATE_DTYPE
+#: The names of certattn::answer_path, indexed by a certificate's ``path`` field: which path
+#: answered the head ("sampled", "no_pool", "fallback", "over_budget", "joined", "routed").
+ANSWER_PATHS: tuple[str, ...] = tuple(_core.ANSWER_PATHS)
+
+
+def path_names(certs) -> np.ndarray:
+    """The names of ``certs["path"]`` (ANSWER_PATHS), an array of str in the same shape."""
+    return np.asarray(ANSWER_PATHS, dtype=object)[np.asarray(certs["path"], dtype=np.intp)]
 #: What exact_attention reports beside the output, per query head.
 EXACT_DTYPE = _core.EXACT_DTYPE
 
@@ -111,14 +120,40 @@ def _options_cached(*args):
     return _core.Options(*args)
 
 
-def _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed):
-    for v, n in ((scale, "scale"), (certificate, "certificate")):
+_COST_FIELDS = ("fixed", "per_key", "give_up")
+#: certattn::cost_model's defaults (options.cost): (fixed, per_key, give_up).
+DEFAULT_COST: tuple[float, float, float] = tuple(_core.DEFAULT_COST)
+
+
+def _cost(cost) -> tuple[float, float, float]:
+    """cost: None (the defaults), a (fixed, per_key, give_up) sequence, or a dict of some of
+    those keys (the others keep their defaults)."""
+    if cost is None:
+        return DEFAULT_COST
+    if isinstance(cost, dict):
+        unknown = sorted(str(key) for key in cost if key not in _COST_FIELDS)
+        if unknown:
+            raise ValueError(f"cost: unknown key(s) {', '.join(unknown)} (expected fixed, per_key, give_up)")
+        values = dict(zip(_COST_FIELDS, DEFAULT_COST))
+        values.update(cost)
+        return tuple(_real(values[f], f"cost.{f}") for f in _COST_FIELDS)
+    if isinstance(cost, (str, bytes)) or not hasattr(cost, "__len__"):
+        raise TypeError(f"cost must be None, a (fixed, per_key, give_up) tuple or a dict, got {type(cost).__name__}")
+    if len(cost) != 3:
+        raise ValueError(f"cost: expected 3 values (fixed, per_key, give_up), got {len(cost)}")
+    return tuple(_real(c, f"cost.{f}") for c, f in zip(cost, _COST_FIELDS))
+
+
+def _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+             routing="auto", cost=None):
+    for v, n in ((scale, "scale"), (certificate, "certificate"), (routing, "routing")):
         if not isinstance(v, str):
             raise TypeError(f"{n} must be a string, got {type(v).__name__}")
     return _options_cached(
         _real(eps, "eps"), _real(delta, "delta"), scale, certificate, _count(window, "window"),
         _count(grid_ratio, "grid_ratio", 0, 2**31 - 1), _count(max_levels, "max_levels", 0, 2**31 - 1),
-        _count(grid_top, "grid_top", 0, 2**31 - 1), _real(softmax_scale, "softmax_scale"), _count(seed, "seed"))
+        _count(grid_top, "grid_top", 0, 2**31 - 1), _real(softmax_scale, "softmax_scale"), _count(seed, "seed"),
+        routing, *_cost(cost))
 
 
 def _group_queries(q: np.ndarray, k: np.ndarray, name: str = "q") -> tuple[np.ndarray, tuple[int, ...]]:
@@ -161,6 +196,12 @@ class KeyIndex:
     the cache: pass the same buffers (with the tokens so far) to every call. ``reserve`` is
     the longest sequence expected (no reallocation below it). Calls on one index are
     serialised; indices of different layers can be used from different threads.
+
+    The index also keeps one routing history (certattn::group_history) per KV head, which
+    ``attend`` uses unless given ``level_hints`` or ``history=False``: the heads' last
+    stopping levels (the hints) and whether the group's last sparse call lost to the dense
+    kernel (docs/python.md, "Routing"). They are created for the group size of the first
+    such call and recreated when it changes; call ``reset_history()`` for a new sequence.
     """
 
     def __init__(self, k, v, *, reserve: int = 0, threads: int = 1):
@@ -177,6 +218,16 @@ class KeyIndex:
 
     def reserve(self, tokens: int) -> None:
         self._core.reserve(_count(tokens, "tokens"))
+
+    def reset_history(self) -> None:
+        """Forget the routing histories (levels, costs, probes): a new sequence."""
+        self._core.reset_history()
+
+    def history_snapshot(self):
+        """The routing histories as they are now, an opaque object: pass it as
+        ``reference_attend(..., history=)`` to reproduce the next ``attend`` call made
+        with them. ``.levels`` and ``.routes_dense`` (under routing "auto") show them."""
+        return self._core.history_snapshot()
 
     def __len__(self) -> int:
         return self._core.size
@@ -206,16 +257,25 @@ class KeyIndex:
 
 def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale",
            certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0, step: int = 0, layer: int = 0,
-           kv_head: int = 0, level_hints=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
-           grid_top: int = 6, threads: int = 1, out=None):
+           kv_head: int = 0, sequence: int = 0, level_hints=None, history=None, routing: str = "auto", cost=None,
+           window: int = 64, grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6, threads: int = 1,
+           out=None):
     """Certified attention of one decoding step.
 
     One group: k, v [n, d] (one KV head), q [G, d] (or [d]); kv_head names the head in the
     perturbation key. A layer: k, v [kv_heads, n, d], q [kv_heads, G, d] or [n_heads, d]
     (query head h*G + g belongs to KV head h); ``threads`` KV heads run in parallel.
     q is unscaled (softmax_scale 0 means 1/sqrt(head_dim)). ``seed`` is fixed before
-    generation, ``step`` advances every call (docs/integration.md, "Perturbation seeds and steps").
-    ``level_hints``: None, or the previous step's ``certs["level"]`` of this layer.
+    generation, ``step`` advances every call (docs/integration.md, "Perturbation seeds and steps");
+    ``sequence`` separates concurrent sequences under one seed (0: none).
+
+    ``routing``: "auto" (default) answers exactly where the sparse path would cost more than
+    the dense kernel; "off" always samples. ``cost``: the cost model's (fixed, per_key,
+    give_up), as a tuple or a dict; None for the defaults (DEFAULT_COST).
+    ``history``: None (default) uses the index's routing histories unless ``level_hints``
+    is given; False uses neither (no hints, no routing across calls); True requires them.
+    ``level_hints``: None, or the previous step's ``certs["level"]`` of this layer (then no
+    history is used or updated).
 
     Returns ``(out, certs)``: out float32 in q's shape (a torch tensor when q is one),
     certs a structured array (CERTIFICATE_DTYPE) with one record per query head.
@@ -225,7 +285,13 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
         raise TypeError(f"index must be a certattn.KeyIndex, got {type(index).__name__}")
     qf = _queries(q)
     q3, shape = _group_queries(qf, kc)
-    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed)
+    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+                   routing, cost)
+    if history is not None and not isinstance(history, bool):
+        raise TypeError(f"history must be None, True or False, got {type(history).__name__}")
+    if history is True and level_hints is not None:
+        raise ValueError("level_hints and history=True exclude each other (the history carries the hints)")
+    use_history = level_hints is None and history is not False
     hints = None
     if level_hints is not None:
         hints = np.asarray(level_hints)
@@ -237,7 +303,8 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
             raise ValueError("level_hints: levels are >= -1")
         hints = np.ascontiguousarray(hints, dtype=np.int32)
     o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
-                            _count(kv_head, "kv_head", 0, 2**32 - 1), hints, out, _count(threads, "threads"))
+                            _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
+                            use_history, out, _count(threads, "threads"))
     return _like(o.reshape(shape), q), certs.reshape(shape[:-1])
 
 
@@ -259,20 +326,28 @@ def exact_attention(q, k, v, *, softmax_scale: float = 0.0):
 
 def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1, delta: float = 0.05,
                      scale: str = "value_scale", certificate: str = "tight", softmax_scale: float = 0.0,
-                     seed: int = 0, step: int = 0, layer: int = 0, kv_head: int = 0, level_hints=None,
-                     window: int = 64, grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6):
-    """The exact-score reference estimator (the C++ reference_attend, the test oracle):
-    the same samples and certificate as attend() when given the same index (its value
-    centre, cap and reach floor) and hints. Returns (out float64, certs). Slow: O(n) per head."""
+                     seed: int = 0, step: int = 0, layer: int = 0, kv_head: int = 0, sequence: int = 0,
+                     level_hints=None, history=None, routing: str = "auto", cost=None, window: int = 64,
+                     grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6):
+    """The exact-score reference estimator (the C++ reference_attend_group per KV head, the
+    test oracle): the same samples, routing decisions and certificates as attend() when
+    given the same index (its value centre, cap and reach floor) and options, and either
+    the same ``level_hints`` (attend called with them, or with ``history=False`` and no
+    hints: pass None here) or ``history=index.history_snapshot()`` taken just before the
+    attend call that used the index's histories. Returns (out float64, certs). Slow: O(n)
+    per head."""
     kc, vc = _cache(k, "k"), _cache(v, "v")
     if index is not None and not isinstance(index, KeyIndex):
         raise TypeError(f"index must be a certattn.KeyIndex or None, got {type(index).__name__}")
     q3, shape = _group_queries(_queries(q), kc)
-    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed)
+    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+                   routing, cost)
+    if history is not None and not isinstance(history, _core.HistorySnapshot):
+        raise TypeError(f"history must be None or KeyIndex.history_snapshot()'s result, got {type(history).__name__}")
     hints = None if level_hints is None else np.ascontiguousarray(np.asarray(level_hints), dtype=np.int32)
     o, certs = _core.reference_attend(q3, kc, vc, None if index is None else index._core, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
-                                      hints)
+                                      _count(sequence, "sequence"), hints, history)
     return o.reshape(shape), certs.reshape(shape[:-1])
 
 
@@ -328,7 +403,8 @@ def audit(k, v, queries, *, eps: Sequence[float] = (0.05, 0.1, 0.2, 0.3), delta:
 
     k, v [kv_heads, n, d] (one layer's cache, read in its own dtype); queries [steps,
     kv_heads, group, d] (unscaled). For every (certificate, scale, epsilon), every call of
-    attend (steps in order, each hinted with the levels of the step before) is compared
+    attend (routing "off", as in the bench: the audit studies the certificates; steps in
+    order, each hinted with the levels of the step before) is compared
     with exact attention in double; every ``check_every``-th also with reference_attend,
     which must agree exactly. A row fails on a disagreement, or when its violations are
     improbable under the guarantee: P(Binomial(certified, delta) >= violations) below

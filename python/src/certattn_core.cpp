@@ -155,20 +155,22 @@ query_arg queries_of(const py::array& q) {
 struct cert_record {
   bool certified;
   bool exact;
+  std::uint8_t path;  // answer_path (certattn.ANSWER_PATHS names them)
   std::int32_t level;
   double tau, bound, beta, scale_value, max_score, denominator;
   std::uint64_t heavy, sampled, keys_read, values_read, bytes_read;
 };
 
 cert_record to_record(const certificate& c) {
-  return {c.certified, c.exact,       std::int32_t(c.level), c.tau,         c.bound,
-          c.beta,      c.scale_value, c.max_score,           c.denominator, c.heavy,
-          c.sampled,   c.keys_read,   c.values_read,         c.bytes_read};
+  return {c.certified,   c.exact,          std::uint8_t(c.path), std::int32_t(c.level), c.tau,
+          c.bound,       c.beta,           c.scale_value,        c.max_score,           c.denominator,
+          c.heavy,       c.sampled,        c.keys_read,          c.values_read,         c.bytes_read};
 }
 
 options make_options(double eps, double delta, const std::string& scale, const std::string& cert,
                      std::size_t window, int grid_ratio, int max_levels, int grid_top, double softmax_scale,
-                     std::uint64_t seed) {
+                     std::uint64_t seed, const std::string& route, double cost_fixed, double cost_per_key,
+                     double cost_give_up) {
   options o;
   o.epsilon = eps;
   o.delta = delta;
@@ -180,13 +182,29 @@ options make_options(double eps, double delta, const std::string& scale, const s
   o.grid_top = grid_top;
   o.softmax_scale = softmax_scale;
   o.seed = seed;
+  o.route = routing_from_string(route);
+  o.cost = cost_model{cost_fixed, cost_per_key, cost_give_up};
   validate(o);
   return o;
 }
 
+/// The group_history of every KV head of an index at one moment (KeyIndex.history_snapshot()):
+/// what reference_attend needs to reproduce the next call made with the histories. Empty
+/// before the first such call.
+struct history_snapshot {
+  std::vector<group_history> heads;
+};
+
+/// The histories a call with `group` query heads per KV head starts from: `h` itself, or
+/// fresh ones when it holds none for that group (the first call, or the group changed).
+bool histories_fit(const std::vector<group_history>& h, std::size_t heads, std::size_t group) {
+  return h.size() == heads && !h.empty() && h[0].group() == group;
+}
+
 /// Key indices of one KV head or a whole layer, with the workspaces and the thread pool
-/// their calls reuse (so that a steady-state call allocates nothing). Calls on one index
-/// are serialised by its mutex; different indices run concurrently.
+/// their calls reuse (so that a steady-state call allocates nothing), and one
+/// group_history per KV head (docs/python.md, "Routing"). Calls on one index are
+/// serialised by its mutex; different indices run concurrently.
 class py_index {
  public:
   py_index(const py::array& k, const py::array& v, std::size_t reserve, std::size_t threads) {
@@ -248,30 +266,47 @@ class py_index {
       dispatch(dtype_, [&](auto t) { idx_[h].truncate(kc.view_with<decltype(t)>(vc, h), n); });
   }
 
-  /// The certified call for heads [h0, h0 + q.heads) of the index, queries q [heads][group][d].
+  /// The certified call for every KV head of the index, queries q [heads][group][d]. With
+  /// use_history (then hints is null) each head's call gets that head's group_history,
+  /// created for this group size when the index holds none for it.
   void attend(const query_arg& q, const cache_arg& k, const cache_arg& v, const options& opt, std::uint64_t step,
-              std::uint32_t layer, std::uint32_t kv_head, const std::int32_t* hints, float* out, cert_record* certs,
-              std::size_t threads) {
+              std::uint32_t layer, std::uint32_t kv_head, std::uint64_t sequence, const std::int32_t* hints,
+              bool use_history, float* out, cert_record* certs, std::size_t threads) {
     std::lock_guard<std::mutex> lk(mu_);
     const std::size_t G = q.group, d = d_, H = q.heads;
     const bool single = !layer_;
     ensure_workspaces(std::min(threads, H), G, k.n, opt.total_levels());
+    if (use_history && !histories_fit(hist_, H, G)) hist_.assign(H, group_history(G));
     std::vector<certificate> certs_all(H * G);
     for_heads(
         threads,
         [&](std::size_t h, std::size_t w) {
           const std::uint32_t head_id = single ? kv_head : std::uint32_t(h);
-          const noise_key nk{step, layer, head_id};
+          const noise_key nk{step, layer, head_id, sequence};
           std::span<const int> hint_span;
           if (hints != nullptr) hint_span = std::span<const int>(hints + h * G, G);
           dispatch(dtype_, [&](auto t) {
-            attend_group(std::span<const float>(q.data + h * G * d, G * d), G, k.view_with<decltype(t)>(v, h), idx_[h],
-                         nk, opt, std::span<float>(out + h * G * d, G * d),
-                         std::span<certificate>(certs_all.data() + h * G, G), *ws_[w], hint_span);
+            const auto queries = std::span<const float>(q.data + h * G * d, G * d);
+            const auto o = std::span<float>(out + h * G * d, G * d);
+            const auto c = std::span<certificate>(certs_all.data() + h * G, G);
+            if (use_history)
+              attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, opt, o, c, *ws_[w], hist_[h]);
+            else
+              attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, opt, o, c, *ws_[w], hint_span);
           });
         },
         H);
     for (std::size_t i = 0; i < H * G; ++i) certs[i] = to_record(certs_all[i]);
+  }
+
+  /// Forget every head's history (a new sequence in this index's slot).
+  void reset_history() {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (group_history& h : hist_) h.reset();
+  }
+  history_snapshot snapshot() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return {hist_};
   }
 
   const key_index& head(std::size_t h) const { return idx_.at(h); }
@@ -331,6 +366,7 @@ class py_index {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<attend_workspace>> ws_;
   std::unique_ptr<thread_pool> pool_;
+  std::vector<group_history> hist_;  // [kv_heads], for the group size of the calls
 };
 
 py::array_t<cert_record> new_certs(std::size_t heads, std::size_t group) {
@@ -339,7 +375,8 @@ py::array_t<cert_record> new_certs(std::size_t heads, std::size_t group) {
 
 py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, py_index& index,
                     const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
-                    const py::object& hints_in, const py::object& out_in, std::size_t threads) {
+                    std::uint64_t sequence, const py::object& hints_in, bool use_history, const py::object& out_in,
+                    std::size_t threads) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
@@ -357,6 +394,8 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
                             " integers (one per query head), e.g. the previous step's certificates['level']");
     hints = hints_arr.data();
   }
+  if (hints != nullptr && use_history)
+    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   py::array_t<float> out;
   if (out_in.is_none()) {
     out = py::array_t<float>({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
@@ -372,7 +411,7 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
   cert_record* c = certs.mutable_data();
   {
     py::gil_scoped_release nogil;
-    index.attend(q, k, v, opt, step, layer, kv_head, hints, o, c, threads);
+    index.attend(q, k, v, opt, step, layer, kv_head, sequence, hints, use_history, o, c, threads);
   }
   return py::make_tuple(out, certs);
 }
@@ -463,9 +502,13 @@ reference_extras extras_of(const py_index* index, std::size_t h, int hint) {
   return e;
 }
 
+/// The reference of one attend call: reference_attend_group() per KV head, so that the
+/// routing decisions within a group (sample_budget(), kOverBudget, kJoined) and, given the
+/// histories as they were before the call, across calls (kRouted) are the fast path's.
+
 py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, const py_index* index,
                        const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
-                       const py::object& hints_in) {
+                       std::uint64_t sequence, const py::object& hints_in, const history_snapshot* history) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
@@ -483,6 +526,17 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
     if (!hints || std::size_t(hints.size()) != q.heads * q.group)
       throw py::value_error("level_hints: expected one integer per query head");
   }
+  if (history != nullptr && !hints_in.is_none())
+    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
+  if (history != nullptr && !history->heads.empty() && history->heads.size() != q.heads)
+    throw py::value_error("history: a snapshot of " + std::to_string(history->heads.size()) +
+                          " KV heads, the cache has " + std::to_string(q.heads));
+  // What attend() starts from: the snapshot's histories, or fresh ones when it holds none
+  // for this group size (attend() creates them then).
+  std::vector<group_history> start;
+  if (history != nullptr)
+    start = histories_fit(history->heads, q.heads, q.group) ? history->heads
+                                                           : std::vector<group_history>(q.heads, group_history(q.group));
   const std::int32_t* hp = hints_in.is_none() ? nullptr : hints.data();
   py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
   auto certs = new_certs(q.heads, q.group);
@@ -494,17 +548,21 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
     if (index != nullptr) lk = std::unique_lock<std::mutex>(index->mutex());
     if (index != nullptr && index->size() != k.n)
       throw error("index holds " + std::to_string(index->size()) + " tokens, the cache " + std::to_string(k.n));
+    const std::size_t G = q.group, d = q.d;
     for (std::size_t h = 0; h < q.heads; ++h) {
-      const noise_key nk{step, layer, k.layer ? std::uint32_t(h) : kv_head};
-      for (std::size_t g = 0; g < q.group; ++g) {
-        const std::size_t row = h * q.group + g;
-        const reference_result r = dispatch(k.dtype, [&](auto t) {
-          using T = decltype(t);
-          return reference_attend(std::span<const float>(q.data + row * q.d, q.d), k.matrix<T>(h), v.matrix<T>(h),
-                                  opt, nk, extras_of(index, h, hp ? hp[row] : -1));
-        });
-        std::copy(r.output.begin(), r.output.end(), o + row * q.d);
-        c[row] = to_record(r.cert);
+      const noise_key nk{step, layer, k.layer ? std::uint32_t(h) : kv_head, sequence};
+      reference_extras ex = extras_of(index, h, -1);
+      if (history != nullptr) ex.history = &start[h];
+      const std::span<const int> hint_span = hp ? std::span<const int>(hp + h * G, G) : std::span<const int>();
+      const std::vector<reference_result> rs = dispatch(k.dtype, [&](auto t) {
+        using T = decltype(t);
+        return reference_attend_group(std::span<const float>(q.data + h * G * d, G * d), G, k.matrix<T>(h),
+                                      v.matrix<T>(h), opt, nk, ex, hint_span);
+      });
+      for (std::size_t g = 0; g < G; ++g) {
+        const std::size_t row = h * G + g;
+        std::copy(rs[g].output.begin(), rs[g].output.end(), o + row * d);
+        c[row] = to_record(rs[g].cert);
       }
     }
   }
@@ -541,6 +599,8 @@ std::string compare_reference(const certificate& fast, const float* fast_out, co
 /// certattn-bench audit's check (bench/cmd_audit.cpp, audit_setting) on arrays: k, v
 /// [kv_heads, n, d], queries [steps, kv_heads, group, d] float32. Every call is compared
 /// with exact attention in double; every check_every-th call also with the reference.
+/// Routing is off, as in the bench: the audit studies the certificates themselves, and
+/// an exact answer (over budget, routed) would have none to check.
 std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in, const py::array& q_in,
                                    const std::vector<std::string>& certificates, const std::vector<std::string>& scales,
                                    const std::vector<double>& eps, double delta, std::uint64_t seed,
@@ -562,7 +622,8 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
   std::vector<cfg> cfgs;
   for (const std::string& c : certificates)
     for (const std::string& s : scales)
-      for (double e : eps) cfgs.push_back({make_options(e, delta, s, c, 64, 2, 32, 6, 0.0, seed)});
+      for (double e : eps) cfgs.push_back({make_options(e, delta, s, c, 64, 2, 32, 6, 0.0, seed, "off", cost_model{}.fixed,
+                                            cost_model{}.per_key, cost_model{}.give_up)});
   if (cfgs.empty()) throw py::value_error("audit: at least one certificate, scale and epsilon");
   if (n <= 64) throw py::value_error("audit: the cache must hold more than the 64-token window");
   const float* qd = static_cast<const float*>(q_in.data());
@@ -745,11 +806,17 @@ std::uintptr_t cache_address(const py::array& a) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "certattn's C++ core (use the certattn package)";
-  PYBIND11_NUMPY_DTYPE(cert_record, certified, exact, level, tau, bound, beta, scale_value, max_score, denominator,
+  PYBIND11_NUMPY_DTYPE(cert_record, certified, exact, path, level, tau, bound, beta, scale_value, max_score, denominator,
                        heavy, sampled, keys_read, values_read, bytes_read);
   PYBIND11_NUMPY_DTYPE(exact_record, max_score, denominator, value_scale, output_norm);
   m.attr("CERTIFICATE_DTYPE") = py::dtype::of<cert_record>();
   m.attr("EXACT_DTYPE") = py::dtype::of<exact_record>();
+  {
+    py::list names;  // answer_path's names, indexed by its value (certificate field `path`)
+    for (int p = 0; p <= int(answer_path::kRouted); ++p) names.append(std::string(to_string(answer_path(p))));
+    m.attr("ANSWER_PATHS") = py::tuple(names);
+  }
+  m.attr("DEFAULT_COST") = py::make_tuple(cost_model{}.fixed, cost_model{}.per_key, cost_model{}.give_up);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -761,13 +828,34 @@ PYBIND11_MODULE(_core, m) {
   py::class_<options>(m, "Options")
       .def(py::init(&make_options), py::arg("eps"), py::arg("delta"), py::arg("scale"), py::arg("certificate"),
            py::arg("window"), py::arg("grid_ratio"), py::arg("max_levels"), py::arg("grid_top"),
-           py::arg("softmax_scale"), py::arg("seed"))
+           py::arg("softmax_scale"), py::arg("seed"), py::arg("routing"), py::arg("cost_fixed"),
+           py::arg("cost_per_key"), py::arg("cost_give_up"))
       .def_readonly("epsilon", &options::epsilon)
       .def_readonly("delta", &options::delta)
       .def_readonly("window", &options::window)
       .def_readonly("seed", &options::seed)
       .def_property_readonly("scale", [](const options& o) { return std::string(to_string(o.scale)); })
-      .def_property_readonly("certificate", [](const options& o) { return std::string(to_string(o.certificate)); });
+      .def_property_readonly("certificate", [](const options& o) { return std::string(to_string(o.certificate)); })
+      .def_property_readonly("routing", [](const options& o) { return std::string(to_string(o.route)); })
+      .def_property_readonly("cost", [](const options& o) {
+        return py::make_tuple(o.cost.fixed, o.cost.per_key, o.cost.give_up);
+      })
+      .def("sample_budget", [](const options& o, std::size_t tokens) { return sample_budget(o, tokens); },
+           py::arg("tokens"));
+
+  py::class_<history_snapshot>(m, "HistorySnapshot")
+      .def_property_readonly("kv_heads", [](const history_snapshot& s) { return s.heads.size(); })
+      .def_property_readonly("levels", [](const history_snapshot& s) {
+        std::vector<std::vector<int>> out;
+        for (const group_history& h : s.heads) out.emplace_back(h.levels().begin(), h.levels().end());
+        return out;
+      })
+      .def_property_readonly("routes_dense", [](const history_snapshot& s) {
+        // Under the default options (routing auto): whether each head's next call is routed.
+        std::vector<bool> out;
+        for (const group_history& h : s.heads) out.push_back(h.routes_dense(options{}));
+        return out;
+      });
 
   py::class_<py_index>(m, "KeyIndex")
       .def(py::init<const py::array&, const py::array&, std::size_t, std::size_t>(), py::arg("k"), py::arg("v"),
@@ -775,6 +863,8 @@ PYBIND11_MODULE(_core, m) {
       .def("append", &py_index::append, py::arg("k"), py::arg("v"), py::arg("threads") = 1)
       .def("truncate", &py_index::truncate, py::arg("k"), py::arg("v"), py::arg("n"))
       .def("reserve", &py_index::reserve, py::arg("tokens"))
+      .def("reset_history", &py_index::reset_history)
+      .def("history_snapshot", &py_index::snapshot)
       .def("__len__", &py_index::size)
       .def_property_readonly("size", &py_index::size)
       .def_property_readonly("kv_heads", &py_index::heads)
@@ -784,13 +874,14 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("memory_bytes", &py_index::memory_bytes);
 
   m.def("attend", &attend_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"), py::arg("options"),
-        py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"), py::arg("out"),
-        py::arg("threads"));
+        py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"), py::arg("level_hints"),
+        py::arg("history"), py::arg("out"), py::arg("threads"));
   m.def("dense_attend", &dense_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
         py::arg("threads"));
   m.def("exact_attention", &exact_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"));
   m.def("reference_attend", &reference_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
-        py::arg("options"), py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"));
+        py::arg("options"), py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"),
+        py::arg("level_hints"), py::arg("history").none(true));
 
   py::class_<audit_counts>(m, "AuditCounts")
       .def_readonly("calls", &audit_counts::calls)

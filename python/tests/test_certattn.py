@@ -57,13 +57,14 @@ def test_layer_call_equals_group_calls(dtype):
     k, v, q = synthetic_cache(2000, 32, heads=3, seed=5, groups=2)
     k, v = as_dtype(k, dtype), as_dtype(v, dtype)
     layer = certattn.KeyIndex(k, v, threads=2)
-    out, certs = certattn.attend(q[0], k, v, layer, seed=9, step=4, layer=1, threads=2)
+    # history=False: the three calls are the same call (a history would carry levels between them).
+    out, certs = certattn.attend(q[0], k, v, layer, seed=9, step=4, layer=1, threads=2, history=False)
     assert out.shape == (3, 2, 32) and certs.shape == (3, 2)
-    flat, flat_certs = certattn.attend(q[0].reshape(6, 32), k, v, layer, seed=9, step=4, layer=1)
+    flat, flat_certs = certattn.attend(q[0].reshape(6, 32), k, v, layer, seed=9, step=4, layer=1, history=False)
     assert np.array_equal(flat.reshape(3, 2, 32), out)
     for h in range(3):
         idx = certattn.KeyIndex(k[h], v[h])
-        o, c = certattn.attend(q[0, h], k[h], v[h], idx, seed=9, step=4, layer=1, kv_head=h)
+        o, c = certattn.attend(q[0, h], k[h], v[h], idx, seed=9, step=4, layer=1, kv_head=h, history=False)
         assert np.array_equal(o, out[h])  # bit for bit: the same call
         assert same_certs(c, certs[h])
 
@@ -248,7 +249,7 @@ def test_record_dtypes():
     _, info = certattn.exact_attention(q[0], k, v)
     assert certs.dtype == certattn.CERTIFICATE_DTYPE and info.dtype == certattn.EXACT_DTYPE
     assert certattn.CERTIFICATE_DTYPE.names == (
-        "certified", "exact", "level", "tau", "bound", "beta", "scale_value", "max_score", "denominator", "heavy",
+        "certified", "exact", "path", "level", "tau", "bound", "beta", "scale_value", "max_score", "denominator", "heavy",
         "sampled", "keys_read", "values_read", "bytes_read")
 
 
@@ -319,12 +320,14 @@ def test_append_and_truncate():
             grown.truncate(k, v, n)
             assert len(grown) == n
         kk, vv = k[:, :n], v[:, :n]
-        out, certs = certattn.attend(q[0], kk, vv, grown, seed=4, step=n)
+        # history=False: every call on the sparse path (a history could route the second).
+        out, certs = certattn.attend(q[0], kk, vv, grown, seed=4, step=n, history=False)
         ref, rcerts = certattn.reference_attend(q[0], kk, vv, grown, seed=4, step=n)
         assert same_certs(certs, rcerts)
         assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
         fresh = certattn.KeyIndex(kk, vv)
-        assert np.array_equal(certattn.attend(q[0], kk, vv, fresh, seed=4, step=n)[1]["max_score"], certs["max_score"])
+        assert np.array_equal(certattn.attend(q[0], kk, vv, fresh, seed=4, step=n, history=False)[1]["max_score"],
+                              certs["max_score"])
 
 
 def test_gil_released_and_threads():
@@ -354,12 +357,14 @@ def test_gil_released_and_threads():
 
     k2, v2, _ = synthetic_cache(4096, 64, heads=2, seed=30, steps=1)
     idx2 = certattn.KeyIndex(k2, v2)
-    seq = [certattn.attend(q[0], k, v, idx, seed=2)[0], certattn.attend(q[0], k2, v2, idx2, seed=2)[0]]
+    # history=False: repeated calls are the same call (a history would carry levels between them).
+    seq = [certattn.attend(q[0], k, v, idx, seed=2, history=False)[0],
+           certattn.attend(q[0], k2, v2, idx2, seed=2, history=False)[0]]
     res = [None, None]
 
     def run(i, kk, vv, ii):
         for _ in range(5):
-            res[i] = certattn.attend(q[0], kk, vv, ii, seed=2)[0]
+            res[i] = certattn.attend(q[0], kk, vv, ii, seed=2, history=False)[0]
 
     threads = [threading.Thread(target=run, args=(0, k, v, idx)), threading.Thread(target=run, args=(1, k2, v2, idx2))]
     for th in threads:
@@ -371,15 +376,15 @@ def test_gil_released_and_threads():
 
 def test_one_index_from_several_threads():
     """Calls on one index from four Python threads (serialised by its mutex) equal the
-    sequential ones."""
+    sequential ones (without the history, which would depend on the order of the calls)."""
     k, v, q = synthetic_cache(3000, 32, heads=2, seed=33, steps=1)
     idx = certattn.KeyIndex(k, v)
-    expected = [certattn.attend(q[0], k, v, idx, seed=1, step=s)[0] for s in range(20)]
+    expected = [certattn.attend(q[0], k, v, idx, seed=1, step=s, history=False)[0] for s in range(20)]
     got = {}
 
     def run(t):
         for s in range(t, 20, 4):
-            got[s] = certattn.attend(q[0], k, v, idx, seed=1, step=s, threads=2)[0]
+            got[s] = certattn.attend(q[0], k, v, idx, seed=1, step=s, threads=2, history=False)[0]
 
     threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
     for th in threads:
