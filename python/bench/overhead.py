@@ -19,6 +19,7 @@ from certattn import _core
 
 
 def measure(q, k, v, index, threads, repeats, blocks):
+    # Both sides make the same calls: the default options (routing auto), no history.
     opt = certattn._options(0.1, 0.05, "value_scale", "tight", 64, 2, 32, 6, 0.0, 7)
     cpp, py = [], []
     out = np.empty(q.shape, np.float32)
@@ -28,7 +29,7 @@ def measure(q, k, v, index, threads, repeats, blocks):
         cpp += _core.cpp_attend_seconds(q3, k, v, index._core, opt, step, threads, repeats)
         for r in range(repeats):
             t0 = time.perf_counter()
-            certattn.attend(q, k, v, index, eps=0.1, seed=7, step=step + r, threads=threads, out=out)
+            certattn.attend(q, k, v, index, eps=0.1, seed=7, step=step + r, threads=threads, out=out, history=False)
             py.append(time.perf_counter() - t0)
         step += repeats
     return statistics.median(cpp), statistics.median(py)

@@ -214,6 +214,12 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--min-pool", type=int, default=64, help="exact attention while n < 64 + this")
     p.add_argument("--threads", type=int, default=1)
+    # Routing off by default, as in the C++ example: this model's contexts (at most 512
+    # tokens) lie far below the break-even of the cost model, where "auto" answers nearly
+    # every call exactly and the run would show no certificates.
+    p.add_argument("--routing", default="off", choices=["off", "auto"],
+                   help="off: every call on the sparse path (to see its certificates); auto: exact answers where "
+                        "the sparse path would cost more than dense (then the index's history carries the hints)")
     p.add_argument("--out-dir", default="llama2c_kv", help="where the .npy caches go ('' for none)")
     p.add_argument("--json", default="", help="also write the summary as JSON")
     a = p.parse_args(argv)
@@ -252,7 +258,7 @@ def main(argv=None):
         index = [certattn.KeyIndex(cc.k[l][:, :P - 1], cc.v[l][:, :P - 1], reserve=m.seq_len)
                  for l in range(m.n_layers)]
         hints = [None] * m.n_layers
-        tally = dict(calls=0, certified=0, exact=0, keys=0, tokens=0, short=0, violations=0, max_err=0.0,
+        tally = dict(calls=0, certified=0, exact=0, routed=0, keys=0, tokens=0, short=0, violations=0, max_err=0.0,
                      max_bound=0.0, attend_s=0.0)
         queries = [[] for _ in range(m.n_layers)]
         step = 0
@@ -266,8 +272,11 @@ def main(argv=None):
                 tally["short"] += m.n_heads
                 return dense_attention(m, cc)(l, q[:, None], n)
             t0 = time.perf_counter()
+            # Routing off: the previous step's levels as hints. Auto: the index's histories
+            # (hints and routing across steps; level_hints=None uses them).
             out, certs = certattn.attend(q, k, v, index[l], eps=a.eps, delta=delta, seed=a.seed, step=step, layer=l,
-                                         level_hints=hints[l], window=window, threads=a.threads)
+                                         level_hints=hints[l] if a.routing == "off" else None, routing=a.routing,
+                                         window=window, threads=a.threads)
             tally["attend_s"] += time.perf_counter() - t0
             hints[l] = certs["level"]
             exact, info = certattn.exact_attention(q, k, v)
@@ -276,6 +285,7 @@ def main(argv=None):
             tally["calls"] += c.size
             tally["certified"] += int(c["certified"].sum())
             tally["exact"] += int(c["exact"].sum())
+            tally["routed"] += int(np.isin(certattn.path_names(c), ["over_budget", "joined", "routed"]).sum())
             tally["keys"] += int(c["keys_read"].sum())
             tally["tokens"] += c.size * n
             cert = c["certified"] & ~c["exact"]
@@ -307,13 +317,14 @@ def main(argv=None):
         steps=steps, prompt_tokens=P, token_agreement=agree / steps, mean_kl=float(np.mean(kls)),
         max_kl=float(np.max(kls)), certattn_calls=tally["calls"], short_context_calls=tally["short"],
         certified_frac=tally["certified"] / max(tally["calls"], 1), fallback_frac=tally["exact"] / max(tally["calls"], 1),
+        routing=a.routing, routed_frac=tally["routed"] / max(tally["calls"], 1),
         keys_read_frac=tally["keys"] / max(tally["tokens"], 1), max_certified_bound=tally["max_bound"],
         max_error_over_scale=tally["max_err"], certificate_violations=tally["violations"], epsilon=a.eps,
         delta_per_call=delta, attend_ms_per_step=1e3 * tally["attend_s"] / steps, text="".join(text))
     print(f"token agreement {summary['token_agreement']:.4f} ({agree} of {steps} steps), "
           f"KL(dense || certattn) mean {summary['mean_kl']:.3g} max {summary['max_kl']:.3g}")
-    print(f"certified {summary['certified_frac']:.4f} of {tally['calls']} calls (exact fallback "
-          f"{summary['fallback_frac']:.4f}), keys read {summary['keys_read_frac']:.4f} of the cache, "
+    print(f"certified {summary['certified_frac']:.4f} of {tally['calls']} calls (exact "
+          f"{summary['fallback_frac']:.4f}, of which routing {summary['routed_frac']:.4f}: routing {a.routing}), keys read {summary['keys_read_frac']:.4f} of the cache, "
           f"largest certified bound {tally['max_bound']:.4f} (epsilon {a.eps}), largest certified error "
           f"{tally['max_err']:.4f}, violations {tally['violations']}")
     if a.out_dir:

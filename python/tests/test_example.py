@@ -48,6 +48,7 @@ def run(tmp_path_factory):
 def test_example_agrees_with_dense(run):
     s, _ = run
     assert s["steps"] == 10 and s["certattn_calls"] > 0
+    assert s["routing"] == "off" and s["routed_frac"] == 0  # every call on the sparse path
     assert s["token_agreement"] >= 0.9
     assert s["max_certified_bound"] <= s["epsilon"]
     assert s["certificate_violations"] == 0
