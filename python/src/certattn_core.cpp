@@ -505,7 +505,6 @@ reference_extras extras_of(const py_index* index, std::size_t h, int hint) {
 /// The reference of one attend call: reference_attend_group() per KV head, so that the
 /// routing decisions within a group (sample_budget(), kOverBudget, kJoined) and, given the
 /// histories as they were before the call, across calls (kRouted) are the fast path's.
-
 py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, const py_index* index,
                        const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
                        std::uint64_t sequence, const py::object& hints_in, const history_snapshot* history) {
