@@ -5,6 +5,11 @@
 CERTATTN_BUILD_PACKAGES=(cmake g++ make libeigen3-dev libxsimd-dev libcli11-dev libgtest-dev
                          libbenchmark-dev)
 
+# What `.ci/test python` needs: the Python extension (pybind11, Debian's python3) and its
+# tests (NumPy, pytest, and PyTorch for the torch inputs and the llama2.c example).
+CERTATTN_PYTHON_PACKAGES=(cmake g++ make libeigen3-dev libxsimd-dev python3-dev pybind11-dev
+                          python3-pybind11 python3-numpy python3-pytest python3-torch)
+
 # What tests/fuzz/run.sh needs: clang with libFuzzer (libclang-rt-14-dev holds it on
 # bookworm) and the headers the library includes.
 CERTATTN_FUZZ_PACKAGES=(clang libclang-rt-14-dev libeigen3-dev)

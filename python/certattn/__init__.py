@@ -1,0 +1,445 @@
+"""certattn: certified sparse attention on CPU, for NumPy arrays and PyTorch CPU tensors.
+
+The cache is read in place, never copied: a NumPy array through the buffer it owns, a torch
+tensor through ``Tensor.numpy()`` (a view of the same memory; bfloat16 through a uint16
+view). Its last axis (head_dim) must be contiguous; token and head strides are free.
+
+    import certattn
+    index = certattn.KeyIndex(k, v)              # k, v [n, d] or [kv_heads, n, d]
+    out, certs = certattn.attend(q, k, v, index, eps=0.1, seed=7, step=0)
+    certs["certified"], certs["bound"], certs["keys_read"]
+
+See docs/python.md.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "KeyIndex", "attend", "dense_attend", "exact_attention", "reference_attend", "audit",
+    "AuditReport", "CERTIFICATE_DTYPE", "EXACT_DTYPE", "ANSWER_PATHS", "DEFAULT_COST", "path_names",
+    "active_isa",
+]
+
+#: The record of one certificate (one query head): the fields of certattn::certificate
+#: (certified, exact, path, level, tau, bound, beta, scale_value, max_score, denominator,
+#: heavy, sampled, keys_read, values_read, bytes_read), laid out as the C++ record.
+CERTIFICATE_DTYPE = _core.CERTIFICATE_DTYPE
+#: The names of certattn::answer_path, indexed by a certificate's ``path`` field: which path
+#: answered the head ("sampled", "no_pool", "fallback", "over_budget", "joined", "routed").
+ANSWER_PATHS: tuple[str, ...] = tuple(_core.ANSWER_PATHS)
+
+
+def path_names(certs) -> np.ndarray:
+    """The names of ``certs["path"]`` (ANSWER_PATHS), an array of str in the same shape."""
+    return np.asarray(ANSWER_PATHS, dtype=object)[np.asarray(certs["path"], dtype=np.intp)]
+#: What exact_attention reports beside the output, per query head.
+EXACT_DTYPE = _core.EXACT_DTYPE
+
+
+def active_isa() -> str:
+    """The kernels the library dispatched to on this machine (avx512_vnni, avx2, scalar)."""
+    return _core.active_isa()
+
+
+# --- arguments ---------------------------------------------------------------------------
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _cache(x: Any, name: str) -> np.ndarray:
+    """A cache argument as an ndarray over the same memory (no copy)."""
+    if isinstance(x, np.ndarray):
+        if x.dtype.byteorder == ">":
+            raise TypeError(f"{name}: big-endian data is not supported")
+        return x
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: tensor on {x.device}; certattn reads CPU memory (use .cpu())")
+        t = x.detach()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16)
+        if t.dtype in (torch.float16, torch.float32):
+            return t.numpy()
+        raise TypeError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32)")
+    raise TypeError(f"{name}: expected a numpy.ndarray or a torch.Tensor, got {type(x).__name__}")
+
+
+def _queries(q: Any, name: str = "q") -> np.ndarray:
+    """Queries as float32 (a small copy when they are another dtype)."""
+    if _is_torch(q):
+        import torch
+        if q.device.type != "cpu":
+            raise ValueError(f"{name}: tensor on {q.device}; use .cpu()")
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"{name}: dtype {q.dtype} is not supported")
+        q = q.detach().to(torch.float32).contiguous().numpy()
+    elif isinstance(q, np.ndarray):
+        if q.dtype == np.float32 and q.flags.c_contiguous:
+            return q
+        if q.dtype == np.uint16:  # bfloat16 bits
+            q = (q.astype(np.uint32) << 16).view(np.float32)
+        elif q.dtype.kind != "f":
+            raise TypeError(f"{name}: dtype {q.dtype} is not supported (float16, float32, float64, uint16 bfloat16)")
+        q = np.ascontiguousarray(q, dtype=np.float32)
+    else:
+        raise TypeError(f"{name}: expected a numpy.ndarray or a torch.Tensor, got {type(q).__name__}")
+    return q  # NaN and Inf are refused by the C++ side (attend_group, exact_attention, audit)
+
+
+def _count(x: Any, name: str, lo: int = 0, hi: int = 2**64 - 1) -> int:
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} = {v} is out of range ({lo} .. {hi})")
+    return v
+
+
+def _real(x: Any, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
+@functools.lru_cache(maxsize=64)
+def _options_cached(*args):
+    return _core.Options(*args)
+
+
+_COST_FIELDS = ("fixed", "per_key", "give_up")
+#: certattn::cost_model's defaults (options.cost): (fixed, per_key, give_up).
+DEFAULT_COST: tuple[float, float, float] = tuple(_core.DEFAULT_COST)
+
+
+def _cost(cost) -> tuple[float, float, float]:
+    """cost: None (the defaults), a (fixed, per_key, give_up) sequence, or a dict of some of
+    those keys (the others keep their defaults)."""
+    if cost is None:
+        return DEFAULT_COST
+    if isinstance(cost, dict):
+        unknown = sorted(str(key) for key in cost if key not in _COST_FIELDS)
+        if unknown:
+            raise ValueError(f"cost: unknown key(s) {', '.join(unknown)} (expected fixed, per_key, give_up)")
+        values = dict(zip(_COST_FIELDS, DEFAULT_COST))
+        values.update(cost)
+        return tuple(_real(values[f], f"cost.{f}") for f in _COST_FIELDS)
+    if isinstance(cost, (str, bytes)) or not hasattr(cost, "__len__"):
+        raise TypeError(f"cost must be None, a (fixed, per_key, give_up) tuple or a dict, got {type(cost).__name__}")
+    if len(cost) != 3:
+        raise ValueError(f"cost: expected 3 values (fixed, per_key, give_up), got {len(cost)}")
+    return tuple(_real(c, f"cost.{f}") for c, f in zip(cost, _COST_FIELDS))
+
+
+def _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+             routing="auto", cost=None):
+    for v, n in ((scale, "scale"), (certificate, "certificate"), (routing, "routing")):
+        if not isinstance(v, str):
+            raise TypeError(f"{n} must be a string, got {type(v).__name__}")
+    return _options_cached(
+        _real(eps, "eps"), _real(delta, "delta"), scale, certificate, _count(window, "window"),
+        _count(grid_ratio, "grid_ratio", 0, 2**31 - 1), _count(max_levels, "max_levels", 0, 2**31 - 1),
+        _count(grid_top, "grid_top", 0, 2**31 - 1), _real(softmax_scale, "softmax_scale"), _count(seed, "seed"),
+        routing, *_cost(cost))
+
+
+def _group_queries(q: np.ndarray, k: np.ndarray, name: str = "q") -> tuple[np.ndarray, tuple[int, ...]]:
+    """q as [kv_heads, group, d] for the cache k, and the shape the result takes."""
+    d = k.shape[-1]
+    if q.shape[-1:] != (d,):
+        raise ValueError(f"{name}: last dimension {q.shape[-1] if q.ndim else None} != head_dim {d}")
+    if k.ndim == 2:  # one KV head: q [d] or [G, d]
+        if q.ndim == 1:
+            return q.reshape(1, 1, d), (d,)
+        if q.ndim == 2:
+            return q.reshape(1, q.shape[0], d), q.shape
+        raise ValueError(f"{name}: expected [head_dim] or [group, head_dim] for a cache [n, d], got {q.shape}")
+    if k.ndim == 3:  # a layer: q [H, G, d] or [n_heads, d] (query head h*G + g of KV head h)
+        H = k.shape[0]
+        if q.ndim == 3 and q.shape[0] == H:
+            return q, q.shape
+        if q.ndim == 2 and q.shape[0] % H == 0 and q.shape[0] > 0:
+            return q.reshape(H, q.shape[0] // H, d), q.shape
+        raise ValueError(f"{name}: expected [kv_heads={H}, group, head_dim] or [n_heads, head_dim] with n_heads a "
+                         f"multiple of {H} for a cache [kv_heads, n, d], got {list(q.shape)}")
+    raise ValueError(f"k: expected [n_tokens, head_dim] or [kv_heads, n_tokens, head_dim], got {k.ndim} dimensions")
+
+
+def _like(x: np.ndarray, template: Any):
+    if _is_torch(template):
+        import torch
+        return torch.from_numpy(x)
+    return x
+
+
+# --- the index -----------------------------------------------------------------------------
+
+class KeyIndex:
+    """The key index of one KV head (built from k, v [n, d]) or of a layer ([kv_heads, n, d]).
+
+    Build it after prefill; call ``append(k, v)`` when the cache holds new tokens (k and v
+    then hold every token so far: the tokens beyond ``len(index)`` are indexed) and
+    ``truncate(k, v, n)`` to drop rejected draft tokens. The index keeps no reference to
+    the cache: pass the same buffers (with the tokens so far) to every call. ``reserve`` is
+    the longest sequence expected (no reallocation below it). Calls on one index are
+    serialised; indices of different layers can be used from different threads.
+
+    The index also keeps one routing history (certattn::group_history) per KV head, which
+    ``attend`` uses unless given ``level_hints`` or ``history=False``: the heads' last
+    stopping levels (the hints) and whether the group's last sparse call lost to the dense
+    kernel (docs/python.md, "Routing"). They are created for the group size of the first
+    such call and recreated when it changes; call ``reset_history()`` for a new sequence.
+    """
+
+    def __init__(self, k, v, *, reserve: int = 0, threads: int = 1):
+        kc, vc = _cache(k, "k"), _cache(v, "v")
+        self._core = _core.KeyIndex(kc, vc, _count(reserve, "reserve"), _count(threads, "threads"))
+
+    def append(self, k, v, *, threads: int = 1) -> None:
+        """Index the tokens of k, v beyond len(self) (k, v hold all tokens so far)."""
+        self._core.append(_cache(k, "k"), _cache(v, "v"), _count(threads, "threads"))
+
+    def truncate(self, k, v, n: int) -> None:
+        """Keep the first n tokens (the index equals one built on them); k, v hold >= n tokens."""
+        self._core.truncate(_cache(k, "k"), _cache(v, "v"), _count(n, "n"))
+
+    def reserve(self, tokens: int) -> None:
+        self._core.reserve(_count(tokens, "tokens"))
+
+    def reset_history(self) -> None:
+        """Forget the routing histories (levels, costs, probes): a new sequence."""
+        self._core.reset_history()
+
+    def history_snapshot(self):
+        """The routing histories as they are now, an opaque object: pass it as
+        ``reference_attend(..., history=)`` to reproduce the next ``attend`` call made
+        with them. ``.levels`` and ``.routes_dense`` (under routing "auto") show them."""
+        return self._core.history_snapshot()
+
+    def __len__(self) -> int:
+        return self._core.size
+
+    @property
+    def kv_heads(self) -> int:
+        return self._core.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self._core.head_dim
+
+    @property
+    def dtype(self) -> str:
+        return self._core.dtype
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._core.memory_bytes
+
+    def __repr__(self) -> str:
+        shape = f"{self.kv_heads} KV heads, " if self._core.layer else ""
+        return f"KeyIndex({shape}{len(self)} tokens, head_dim {self.head_dim}, {self.dtype})"
+
+
+# --- calls ---------------------------------------------------------------------------------
+
+def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale",
+           certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0, step: int = 0, layer: int = 0,
+           kv_head: int = 0, sequence: int = 0, level_hints=None, history=None, routing: str = "auto", cost=None,
+           window: int = 64, grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6, threads: int = 1,
+           out=None):
+    """Certified attention of one decoding step.
+
+    One group: k, v [n, d] (one KV head), q [G, d] (or [d]); kv_head names the head in the
+    perturbation key. A layer: k, v [kv_heads, n, d], q [kv_heads, G, d] or [n_heads, d]
+    (query head h*G + g belongs to KV head h); ``threads`` KV heads run in parallel.
+    q is unscaled (softmax_scale 0 means 1/sqrt(head_dim)). ``seed`` is fixed before
+    generation, ``step`` advances every call (docs/integration.md, "Perturbation seeds and steps");
+    ``sequence`` separates concurrent sequences under one seed (0: none).
+
+    ``routing``: "auto" (default) answers exactly where the sparse path would cost more than
+    the dense kernel; "off" always samples. ``cost``: the cost model's (fixed, per_key,
+    give_up), as a tuple or a dict; None for the defaults (DEFAULT_COST).
+    ``history``: None (default) uses the index's routing histories unless ``level_hints``
+    is given; False uses neither (no hints, no routing across calls); True requires them.
+    ``level_hints``: None, or the previous step's ``certs["level"]`` of this layer (then no
+    history is used or updated).
+
+    Returns ``(out, certs)``: out float32 in q's shape (a torch tensor when q is one),
+    certs a structured array (CERTIFICATE_DTYPE) with one record per query head.
+    """
+    kc, vc = _cache(k, "k"), _cache(v, "v")
+    if not isinstance(index, KeyIndex):
+        raise TypeError(f"index must be a certattn.KeyIndex, got {type(index).__name__}")
+    qf = _queries(q)
+    q3, shape = _group_queries(qf, kc)
+    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+                   routing, cost)
+    if history is not None and not isinstance(history, bool):
+        raise TypeError(f"history must be None, True or False, got {type(history).__name__}")
+    if history is True and level_hints is not None:
+        raise ValueError("level_hints and history=True exclude each other (the history carries the hints)")
+    use_history = level_hints is None and history is not False
+    hints = None
+    if level_hints is not None:
+        hints = np.asarray(level_hints)
+        if hints.dtype.kind not in "iu":
+            raise TypeError(f"level_hints must hold integers, got {hints.dtype}")
+        if hints.size != q3.shape[0] * q3.shape[1]:
+            raise ValueError(f"level_hints: {hints.size} values for {q3.shape[0] * q3.shape[1]} query heads")
+        if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
+            raise ValueError("level_hints: levels are >= -1")
+        hints = np.ascontiguousarray(hints, dtype=np.int32)
+    o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
+                            _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
+                            use_history, out, _count(threads, "threads"))
+    return _like(o.reshape(shape), q), certs.reshape(shape[:-1])
+
+
+def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1):
+    """Exact attention with the library's vectorised dense kernel (float32 accumulation)."""
+    kc, vc = _cache(k, "k"), _cache(v, "v")
+    q3, shape = _group_queries(_queries(q), kc)
+    o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"))
+    return _like(o.reshape(shape), q)
+
+
+def exact_attention(q, k, v, *, softmax_scale: float = 0.0):
+    """Exact attention in double (the tests' truth). Returns (out float64, info EXACT_DTYPE)."""
+    kc, vc = _cache(k, "k"), _cache(v, "v")
+    q3, shape = _group_queries(_queries(q), kc)
+    o, info = _core.exact_attention(q3, kc, vc, _real(softmax_scale, "softmax_scale"))
+    return o.reshape(shape), info.reshape(shape[:-1])
+
+
+def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1, delta: float = 0.05,
+                     scale: str = "value_scale", certificate: str = "tight", softmax_scale: float = 0.0,
+                     seed: int = 0, step: int = 0, layer: int = 0, kv_head: int = 0, sequence: int = 0,
+                     level_hints=None, history=None, routing: str = "auto", cost=None, window: int = 64,
+                     grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6):
+    """The exact-score reference estimator (the C++ reference_attend_group per KV head, the
+    test oracle): the same samples, routing decisions and certificates as attend() when
+    given the same index (its value centre, cap and reach floor) and options, and either
+    the same ``level_hints`` (attend called with them, or with ``history=False`` and no
+    hints: pass None here) or ``history=index.history_snapshot()`` taken just before the
+    attend call that used the index's histories. Returns (out float64, certs). Slow: O(n)
+    per head."""
+    kc, vc = _cache(k, "k"), _cache(v, "v")
+    if index is not None and not isinstance(index, KeyIndex):
+        raise TypeError(f"index must be a certattn.KeyIndex or None, got {type(index).__name__}")
+    q3, shape = _group_queries(_queries(q), kc)
+    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+                   routing, cost)
+    if history is not None and not isinstance(history, _core.HistorySnapshot):
+        raise TypeError(f"history must be None or KeyIndex.history_snapshot()'s result, got {type(history).__name__}")
+    hints = None if level_hints is None else np.ascontiguousarray(np.asarray(level_hints), dtype=np.int32)
+    o, certs = _core.reference_attend(q3, kc, vc, None if index is None else index._core, opt, _count(step, "step"),
+                                      _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
+                                      _count(sequence, "sequence"), hints, history)
+    return o.reshape(shape), certs.reshape(shape[:-1])
+
+
+# --- audit ---------------------------------------------------------------------------------
+
+def _binomial_upper_tail(v: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) >= v)."""
+    if v <= 0:
+        return 1.0
+    if v > n:
+        return 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+             for i in range(v, n + 1)]
+    m = max(terms)
+    return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
+
+
+def _clopper_pearson_upper(v: int, n: int, level: float = 0.95) -> float:
+    """The exact one-sided upper confidence bound on a binomial rate (v successes of n)."""
+    if n == 0 or v >= n:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(100):  # the p with P(Binomial(n, p) <= v) = 1 - level
+        mid = 0.5 * (lo + hi)
+        if 1.0 - _binomial_upper_tail(v + 1, n, mid) > 1.0 - level:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass
+class AuditReport:
+    """One row per (certificate, scale, epsilon); ``passed`` as certattn-bench audit decides."""
+    rows: list[dict] = field(default_factory=list)
+    passed: bool = True
+
+    def table(self) -> str:
+        cols = ["certificate", "scale", "eps", "calls", "certified", "fallbacks", "violations",
+                "violation_rate_ub95", "max_err_over_bound", "keys_read_frac", "checked", "disagreements", "pass"]
+        lines = ["  ".join(cols)]
+        for r in self.rows:
+            lines.append("  ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+        return "\n".join(lines)
+
+
+def audit(k, v, queries, *, eps: Sequence[float] = (0.05, 0.1, 0.2, 0.3), delta: float = 0.05,
+          scales: Sequence[str] = ("denominator", "output_norm", "value_scale"),
+          certificates: Sequence[str] = ("tight",), seed: int = 1, check_every: int = 1, alpha: float = 0.05,
+          threads: int = 1) -> AuditReport:
+    """The check of ``certattn-bench audit --kv --queries`` on arrays.
+
+    k, v [kv_heads, n, d] (one layer's cache, read in its own dtype); queries [steps,
+    kv_heads, group, d] (unscaled). For every (certificate, scale, epsilon), every call of
+    attend (routing "off", as in the bench: the audit studies the certificates; steps in
+    order, each hinted with the levels of the step before) is compared
+    with exact attention in double; every ``check_every``-th also with reference_attend,
+    which must agree exactly. A row fails on a disagreement, or when its violations are
+    improbable under the guarantee: P(Binomial(certified, delta) >= violations) below
+    alpha / rows.
+    """
+    kc, vc = _cache(k, "k"), _cache(v, "v")
+    if kc.ndim != 3:
+        raise ValueError(f"k: expected [kv_heads, n_tokens, head_dim], got {kc.ndim} dimensions")
+    qf = _queries(queries, "queries")
+    if qf.ndim != 4:
+        raise ValueError(f"queries: expected [steps, kv_heads, group, head_dim], got {list(qf.shape)}")
+    if isinstance(eps, (int, float)):
+        eps = [eps]
+    if isinstance(scales, str):
+        scales = [scales]
+    if isinstance(certificates, str):
+        certificates = [certificates]
+    alpha = _real(alpha, "alpha")
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must lie in (0, 1)")
+    counts = _core.audit(kc, vc, qf, list(certificates), list(scales), [_real(e, "eps") for e in eps],
+                         _real(delta, "delta"), _count(seed, "seed"), _count(check_every, "check_every", 1),
+                         _count(threads, "threads"))
+    configs = [(c, s, e) for c in certificates for s in scales for e in eps]
+    report = AuditReport()
+    per_row_alpha = alpha / len(configs)
+    for (c, s, e), a in zip(configs, counts):
+        p = _binomial_upper_tail(a.violations, a.certified, delta)
+        ok = a.disagreements == 0 and p >= per_row_alpha
+        report.rows.append(dict(
+            certificate=c, scale=s, eps=float(e), delta=float(delta), calls=a.calls, certified=a.certified,
+            fallbacks=a.fallbacks, violations=a.violations,
+            violation_rate_ub95=_clopper_pearson_upper(a.violations, a.certified), p_value=p,
+            max_err_over_bound=a.max_ratio, p90_err_over_bound=a.p90_ratio,
+            max_certified_bound_over_eps=a.bound_max, keys_read_frac=a.keys_frac, checked=a.checked,
+            disagreements=a.disagreements, first_disagreement=a.first_disagreement, **{"pass": ok}))
+        report.passed = report.passed and ok
+    return report
