@@ -166,6 +166,7 @@ certattn::options to_cpp(const certattn_options& o) {
   r.route = o.route == CERTATTN_ROUTE_AUTO ? certattn::routing::kAuto : certattn::routing::kOff;
   r.cost.fixed = o.cost.fixed;
   r.cost.per_key = o.cost.per_key;
+  r.cost.give_up = o.cost.give_up;
   certattn::validate(r);
   return r;
 }
@@ -248,6 +249,7 @@ int certattn_options_default(certattn_options* options) {
     o.route = CERTATTN_ROUTE_AUTO;
     o.cost.fixed = d.cost.fixed;
     o.cost.per_key = d.cost.per_key;
+    o.cost.give_up = d.cost.give_up;
   });
 }
 

@@ -106,6 +106,7 @@ certattn_options to_c(const options& o) {
   r.route = o.route == routing::kAuto ? CERTATTN_ROUTE_AUTO : CERTATTN_ROUTE_OFF;
   r.cost.fixed = o.cost.fixed;
   r.cost.per_key = o.cost.per_key;
+  r.cost.give_up = o.cost.give_up;
   return r;
 }
 

@@ -130,10 +130,12 @@ typedef enum certattn_answer_path {
   CERTATTN_PATH_ROUTED = 5       /* the history routed the group to the dense kernel */
 } certattn_answer_path;
 
-/* certattn::cost_model: predicted cost relative to dense = fixed + per_key * sampled / n. */
+/* certattn::cost_model: predicted cost relative to dense = fixed + per_key * sampled / n;
+   a group call stops sampling where the prediction reaches give_up. */
 typedef struct certattn_cost_model {
-  double fixed;   /* default 0.25, in [0, 1) */
-  double per_key; /* default 8.0, > 0 */
+  double fixed;   /* default 0.6, in [0, 1) */
+  double per_key; /* default 6.4, > 0 */
+  double give_up; /* default 2.0, >= 1 */
 } certattn_cost_model;
 
 /* certattn::options. Start from certattn_options_default() and set what you need. */
