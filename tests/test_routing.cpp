@@ -28,6 +28,7 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   EXPECT_TRUE(std::isnan(h.last_cost()));
   const std::vector<int> levels{3, -1, 5, 7};
   h.record_sparse(1.7, levels);
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 1.7);
   EXPECT_EQ(h.levels()[0], 3);
   EXPECT_EQ(h.levels()[1], -1);
   EXPECT_DOUBLE_EQ(h.last_cost(), 1.7);
@@ -50,6 +51,13 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   h.record_sparse(0.6, levels);
   EXPECT_FALSE(h.routes_dense(o));
   EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
+  // One flat call among focused ones does not route (the estimate halves its weight);
+  // a second one does.
+  h.record_sparse(1.3, levels);
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.95);
+  EXPECT_FALSE(h.routes_dense(o));
+  h.record_sparse(1.3, levels);
+  EXPECT_TRUE(h.routes_dense(o));
   // Routing off: never dense.
   h.record_sparse(5.0, levels);
   options off;

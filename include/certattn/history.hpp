@@ -42,20 +42,24 @@ class group_history {
   /// The cost model's prediction for the last sparse call, relative to the dense kernel
   /// (options::cost; a head answered exactly adds 1); NaN before the first sparse call.
   double last_cost() const noexcept { return cost_; }
+  /// What routing decides on: the mean of the last sparse call's cost and the estimate
+  /// before it (halving the weight of older calls), restarted from a probe's cost. One
+  /// flat call among focused ones does not route a group; two in a row do.
+  double cost_estimate() const noexcept { return estimate_; }
   /// Dense calls since the last sparse one, and how many the next probe waits for.
   std::uint32_t dense_streak() const noexcept { return dense_streak_; }
   std::uint32_t probe_interval() const noexcept { return probe_interval_; }
 
   /// The decision of the next call: the dense kernel for the whole group. True when the
-  /// last sparse call was predicted to cost more than dense and the next probe is not due.
+  /// sparse path's cost estimate exceeds the dense kernel's and the next probe is not due.
   bool routes_dense(const options& o) const noexcept {
-    return o.route == routing::kAuto && cost_ > 1.0 && dense_streak_ < probe_interval_;
+    return o.route == routing::kAuto && estimate_ > 1.0 && dense_streak_ < probe_interval_;
   }
 
   /// Forget everything (a new sequence in the same slot).
   void reset() noexcept {
     std::fill(levels_.begin(), levels_.end(), -1);
-    cost_ = std::numeric_limits<double>::quiet_NaN();
+    cost_ = estimate_ = std::numeric_limits<double>::quiet_NaN();
     dense_streak_ = 0;
     probe_interval_ = kFirstProbeInterval;
   }
@@ -66,9 +70,10 @@ class group_history {
     const bool probe = dense_streak_ > 0;
     for (std::size_t g = 0; g < levels_.size() && g < levels.size(); ++g)
       if (levels[g] >= 0) levels_[g] = levels[g];
-    if (cost > 1.0 && probe)
+    estimate_ = probe || std::isnan(estimate_) ? cost : 0.5 * (estimate_ + cost);
+    if (estimate_ > 1.0 && probe)
       probe_interval_ = std::min(kMaxProbeInterval, 2 * probe_interval_);
-    else if (!(cost > 1.0))
+    else if (!(estimate_ > 1.0))
       probe_interval_ = kFirstProbeInterval;
     cost_ = cost;
     dense_streak_ = 0;
@@ -81,6 +86,7 @@ class group_history {
  private:
   std::vector<int> levels_;
   double cost_ = std::numeric_limits<double>::quiet_NaN();
+  double estimate_ = std::numeric_limits<double>::quiet_NaN();
   std::uint32_t dense_streak_ = 0;
   std::uint32_t probe_interval_ = kFirstProbeInterval;
 };
