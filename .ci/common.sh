@@ -33,3 +33,8 @@ ensure_packages() {
   apt-get update
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 }
+
+# The aarch64 cross build (bash .ci/test aarch64): the cross compiler with its C library,
+# qemu-user to run the result, and GoogleTest's sources to build the test library for the
+# target (Debian's libgtest-dev holds only the build machine's).
+CERTATTN_AARCH64_PACKAGES=(g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user googletest)

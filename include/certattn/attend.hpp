@@ -377,7 +377,7 @@ struct detail_attend {
                                          ws.cand_lvl_.data());
     else
 #endif
-      m = detail::find_candidates_scalar(u, ws.e_up_.data(), pool_end, p, ws.cand_idx_.data(),
+      m = detail::find_candidates_portable(u, ws.e_up_.data(), pool_end, p, ws.cand_idx_.data(),
                                          ws.cand_lvl_.data());
     (void)which;
     // Counting sort by level (stable: tokens stay in order within a level).
@@ -754,7 +754,7 @@ struct detail_attend {
       detail::fill_exp1_upper_avx512(pert.key(), pool_end, ws.e_up_.data());
     else
 #endif
-      detail::fill_exp1_upper_scalar(pert.key(), pool_end, ws.e_up_.data());
+      detail::fill_exp1_upper_portable(pert.key(), pool_end, ws.e_up_.data());
     // Value-aware sampling adds ln(rho_t / rho_bar) to every perturbed score: fold its
     // float upper bound into E_up (rounded up), so that the candidate and 8-bit stages
     // bound the perturbed score unchanged.
@@ -764,7 +764,7 @@ struct detail_attend {
         detail::add_offsets_upper_avx512(ws.e_up_.data(), idx.sampling_offsets_upper(), pool_end);
       else
 #endif
-        detail::add_offsets_upper_scalar(ws.e_up_.data(), idx.sampling_offsets_upper(), pool_end);
+        detail::add_offsets_upper_portable(ws.e_up_.data(), idx.sampling_offsets_upper(), pool_end);
     }
     clock.lap(stats.stage_seconds[3]);
 

@@ -7,6 +7,7 @@
 #include <certattn/arch/avx2/dense_kernels.hpp>
 #include <certattn/arch/avx512/dense_kernels.hpp>
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/portable.hpp>
 #include <certattn/arch/scalar/dense_kernels.hpp>
 #include <certattn/common.hpp>
 #include <certattn/layout.hpp>
@@ -114,7 +115,11 @@ inline dense_chunk_fn select_dense_kernel() noexcept {
       break;
   }
 #endif
+#if CERTATTN_PORTABLE_SIMD
+  return &portable::dense_chunk<T>;
+#else
   return &scalar::dense_chunk<T>;
+#endif
 }
 
 inline float dense_effective_scale(float softmax_scale, std::size_t head_dim) {

@@ -1,11 +1,12 @@
 // Candidate generation: E_up >= E for every pool token (hashed once per call, shared by
 // the G heads), then per head every token whose perturbed score bound
 // y = u + E_up - c can reach the deepest level searched, with a conservative earliest
-// level (never later than the true one). The AVX-512 kernels and their scalar twins
-// evaluate the same float operations, so both give the same candidates.
+// level (never later than the true one). The AVX-512 kernels, the portable ones and the
+// scalar twins evaluate the same float operations, so all give the same candidates.
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/portable.hpp>
 #include <certattn/perturb.hpp>
 
 #include <algorithm>
@@ -63,6 +64,38 @@ inline std::size_t find_candidates_scalar(const float* u, const float* e, std::s
     ++m;
   }
   return m;
+}
+
+/// The kernels below AVX-512 (the dispatch's fallback): the portable batches (arch/
+/// portable.hpp) where they give the scalar twins' bits, the scalar twins for the tail and
+/// where the build's target has no fused multiply-add. Same results as the twins.
+inline void fill_exp1_upper_portable(std::uint64_t noise, std::size_t n, float* e) noexcept {
+  std::size_t t = 0;
+#if CERTATTN_PORTABLE_SIMD
+  if constexpr (portable::portable_has_fma) t = portable::fill_exp1_upper(noise, n, e);
+#endif
+  // Token t + i hashes like i under key + t golden.
+  fill_exp1_upper_scalar(noise + std::uint64_t(t) * kGolden, n - t, e + t);
+}
+
+inline void add_offsets_upper_portable(float* e, const float* off, std::size_t n) noexcept {
+  std::size_t t = 0;
+#if CERTATTN_PORTABLE_SIMD
+  t = portable::add_offsets_upper(e, off, n);
+#endif
+  add_offsets_upper_scalar(e + t, off + t, n - t);
+}
+
+inline std::size_t find_candidates_portable(const float* u, const float* e, std::size_t n,
+                                            const candidate_params& p, std::uint32_t* idx,
+                                            std::uint8_t* lvl) noexcept {
+  std::size_t t = 0, m = 0;
+#if CERTATTN_PORTABLE_SIMD
+  if constexpr (portable::portable_has_fma) t = portable::find_candidates(u, e, n, p, idx, lvl, &m);
+#endif
+  const std::size_t tail = find_candidates_scalar(u + t, e + t, n - t, p, idx + m, lvl + m);
+  for (std::size_t i = m; i < m + tail; ++i) idx[i] += std::uint32_t(t);
+  return m + tail;
 }
 
 #if CERTATTN_X86

@@ -13,14 +13,19 @@
 namespace certattn {
 
 enum class isa {
-  kScalar,       // plain C++
+  kScalar,       // the portable kernels (arch/portable.hpp): xsimd batches at the build's
+                 // compile-time target, NEON on aarch64; scalar C++ where xsimd has none
   kAvx2,         // AVX2 + FMA + F16C
   kAvx512Vnni,   // AVX-512 F/BW/DQ/VL + VNNI (+ F16C)
 };
 
 inline std::string_view to_string(isa a) noexcept {
   switch (a) {
+#if defined(__aarch64__) && defined(__ARM_NEON)
+    case isa::kScalar: return "neon";
+#else
     case isa::kScalar: return "scalar";
+#endif
     case isa::kAvx2: return "avx2";
     case isa::kAvx512Vnni: return "avx512_vnni";
   }
@@ -52,7 +57,8 @@ inline isa detect_isa_cpuid() noexcept {
 }  // namespace detail
 #endif
 
-/// The best level this CPU supports.
+/// The best level this CPU supports. On aarch64 (and every target but x86-64) that is
+/// isa::kScalar, whose portable kernels are compiled for NEON there.
 inline isa detected_isa() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const isa best = detail::detect_isa_cpuid();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/portable.hpp>
 #include <certattn/arch/scan_prep.hpp>
 
 #include <algorithm>
@@ -41,8 +42,8 @@ inline float finish_refine_block(const double* c, const double* abs_a, const dou
   return round_up_to_float((reduce8(c) + margin) * (1.0 + 0x1p-40) + 1e-30);
 }
 
-inline float prepare_refine_block(const float* q, const float* lo, const float* st,
-                                  std::size_t padded_dim, float* a) noexcept {
+inline float prepare_refine_block_scalar(const float* q, const float* lo, const float* st,
+                                         std::size_t padded_dim, float* a) noexcept {
   double c[8] = {}, abs_a[8] = {}, abs_ql[8] = {};
   for (std::size_t i = 0; i < padded_dim; ++i) {
     a[i] = q[i] * st[i];  // float: its rounding (2^-24 |a|) is inside the margin
@@ -52,6 +53,19 @@ inline float prepare_refine_block(const float* q, const float* lo, const float* 
     abs_ql[i % 8] += std::fabs(ql);
   }
   return finish_refine_block(c, abs_a, abs_ql, padded_dim);
+}
+
+/// The preparation below AVX-512: the portable kernel (the same bits: every product it
+/// adds is exact in double), or the scalar twin where there is no batch type.
+inline float prepare_refine_block(const float* q, const float* lo, const float* st,
+                                  std::size_t padded_dim, float* a) noexcept {
+#if CERTATTN_PORTABLE_SIMD
+  alignas(64) double c[8], abs_a[8], abs_ql[8];
+  portable::prepare_refine_sums(q, lo, st, padded_dim, a, c, abs_a, abs_ql);
+  return finish_refine_block(c, abs_a, abs_ql, padded_dim);
+#else
+  return prepare_refine_block_scalar(q, lo, st, padded_dim, a);
+#endif
 }
 
 #if CERTATTN_X86
@@ -89,6 +103,16 @@ inline float refine_dot_scalar(const float* a, const std::uint8_t* code,
     for (std::size_t l = 0; l < 16 && o + l < padded_dim; ++l)
       acc[l] = std::fma(a[o + l], float(code[o + l]), acc[l]);
   return reduce16(acc);
+}
+
+/// refine_dot_scalar()'s bits below AVX2: the portable kernel where the build's target has
+/// a fused multiply-add (NEON), else the scalar twin.
+inline float refine_dot_portable(const float* a, const std::uint8_t* code,
+                                 std::size_t padded_dim) noexcept {
+#if CERTATTN_PORTABLE_SIMD
+  if constexpr (portable::portable_has_fma) return portable::refine_dot(a, code, padded_dim);
+#endif
+  return refine_dot_scalar(a, code, padded_dim);
 }
 
 #if CERTATTN_X86
@@ -211,7 +235,7 @@ inline void refine_dots(const float* const* a, const std::uint8_t* const* code, 
   }
 #endif
   (void)which;
-  for (std::size_t k = 0; k < m; ++k) dot[k] = refine_dot_scalar(a[k], code[k], padded_dim);
+  for (std::size_t k = 0; k < m; ++k) dot[k] = refine_dot_portable(a[k], code[k], padded_dim);
 }
 
 /// The 8-bit bound on q.k (unscaled) of one candidate, given its block's preparation.
@@ -225,7 +249,7 @@ inline double refine8_bound(const float* a, float offset, const std::uint8_t* co
     dot = refine_dot_avx2(a, code, padded_dim);
   else
 #endif
-    dot = refine_dot_scalar(a, code, padded_dim);
+    dot = refine_dot_portable(a, code, padded_dim);
   (void)which;
   return double(offset) + double(dot);
 }

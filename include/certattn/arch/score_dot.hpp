@@ -5,6 +5,7 @@
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/portable.hpp>
 #include <certattn/arch/scan_prep.hpp>
 #include <certattn/common.hpp>
 
@@ -134,6 +135,8 @@ CERTATTN_TARGET_AVX512 inline double accumulate_row_avx512(const T* v, std::size
 CERTATTN_ARCH_END
 #endif
 
+/// The dispatch: AVX-512 where selected, else the portable kernel (arch/portable.hpp) where
+/// the build's target has a fused multiply-add, else the scalar twin. The same bits on each.
 template <class T>
 inline double accumulate_row(const T* v, std::size_t d, double w, double* acc, isa which) noexcept {
 #if CERTATTN_X86
@@ -141,6 +144,10 @@ inline double accumulate_row(const T* v, std::size_t d, double w, double* acc, i
     if (which == isa::kAvx512Vnni) return accumulate_row_avx512(v, d, w, acc);
 #endif
   (void)which;
+#if CERTATTN_PORTABLE_SIMD
+  if constexpr (portable::portable_has_fma && storage_element<T>)
+    return portable::accumulate_row(v, d, w, acc);
+#endif
   return accumulate_row_scalar(v, d, w, acc);
 }
 
@@ -207,6 +214,13 @@ inline row_norms accumulate_centered_row(const T* v, std::size_t d, double w, co
     if (which == isa::kAvx512Vnni) return accumulate_centered_row_avx512(v, d, w, g, acc);
 #endif
   (void)which;
+#if CERTATTN_PORTABLE_SIMD
+  if constexpr (portable::portable_has_fma && storage_element<T>) {
+    row_norms r;
+    portable::accumulate_centered_row(v, d, w, g, acc, &r.sq, &r.centered_sq);
+    return r;
+  }
+#endif
   return accumulate_centered_row_scalar(v, d, w, g, acc);
 }
 
@@ -244,6 +258,7 @@ inline void row_to_float(const T* x, float* out, std::size_t d) noexcept {
   }
 }
 
+/// score_dot()'s bits: AVX-512 for fp16 keys where selected, else the portable kernel.
 template <class T>
 inline double score_dot_fast(const float* q, const T* k, std::size_t d, isa which) noexcept {
 #if CERTATTN_X86
@@ -251,6 +266,10 @@ inline double score_dot_fast(const float* q, const T* k, std::size_t d, isa whic
     if (which == isa::kAvx512Vnni) return score_dot_avx512(q, k, d);
 #endif
   (void)which;
+#if CERTATTN_PORTABLE_SIMD
+  if constexpr (storage_element<T> && (portable::portable_fast_half || !std::is_same_v<T, half>))
+    return portable::score_dot(q, k, d);
+#endif
   return score_dot(q, k, d);
 }
 
