@@ -408,6 +408,7 @@ struct detail_attend {
   /// first use: a = q st8 (returned) and the offset C8 + margin.
   static const float* refine_block(const key_index& idx, std::size_t b, const float* qpad,
                                    attend_workspace& ws, isa which) noexcept {
+    (void)which;  // dispatched on x86 only
     const std::size_t dp = idx.padded_dim();
     float* a = ws.refine_a_.data() + b * dp;
     if (!ws.refine_ready_[b]) {
@@ -716,7 +717,7 @@ struct detail_attend {
     stats.tokens = n;
     stats.pool = pool_end;
     if (history) level_hints = history->levels();
-    // Routing: a group whose last sparse call cost more than the dense kernel is answered
+    // Routing: a group whose sparse cost estimate exceeds the dense kernel's is answered
     // by the dense kernel (until a probe is due), before any stage reads the index.
     if (pool_end > 0 && history && history->routes_dense(user_opt)) {
       route_dense(kv, queries, group, scale, out, certs, ws, which);
