@@ -27,8 +27,17 @@ def load_example():
 def find_bench():
     if os.environ.get("CERTATTN_BENCH"):
         return os.environ["CERTATTN_BENCH"]
-    found = sorted(glob.glob(os.path.join(ROOT, "build", "*", "bench", "certattn-bench")))
-    return found[0] if found else None
+    # The release build first; any other build of this host (a cross build, e.g.
+    # build/aarch64, cannot run here).
+    found = sorted(glob.glob(os.path.join(ROOT, "build", "*", "bench", "certattn-bench")),
+                   key=lambda p: os.path.basename(os.path.dirname(os.path.dirname(p))) != "release")
+    for path in found:
+        try:
+            subprocess.run([path, "--help"], capture_output=True, timeout=60)
+            return path
+        except OSError:
+            continue
+    return None
 
 
 @pytest.fixture(scope="module")
