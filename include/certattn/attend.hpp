@@ -142,6 +142,7 @@ class attend_workspace {
     exact_out_.assign(group * head_dim, 0.0f);
     exact_m_.assign(group, 0.0f);
     exact_l_.assign(group, 0.0f);
+    exact_float_.assign(group, 0);
     head_levels_.assign(group, -1);
   }
 
@@ -216,6 +217,7 @@ class attend_workspace {
   std::vector<std::uint32_t> exact_heads_;  // [group] heads answered exactly, this call
   std::vector<float> exact_q_, exact_out_;  // [group][head_dim] their queries and outputs
   std::vector<float> exact_m_, exact_l_;    // [group] the dense pass's softmax states
+  std::vector<std::uint8_t> exact_float_;   // [group] 1: the head joins the float pass
   std::vector<int> head_levels_;            // [group] stopping levels (group_history)
   bool record_ = false;
   std::size_t head_ = 0;
@@ -647,9 +649,8 @@ struct detail_attend {
       const float* q = queries + g * d;
       double qmax = 0.0;
       for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(q[j])));
-      const double c = ws.head_max_[g];
-      if (float_scale && scale * qmax <= 0x1p100 && !(std::fabs(c) > 1024.0))
-        std::copy_n(q, d, ws.exact_q_.data() + k++ * d);
+      ws.exact_float_[i] = float_scale && scale * qmax <= 0x1p100 && !(std::fabs(ws.head_max_[g]) > 1024.0);
+      if (ws.exact_float_[i]) std::copy_n(q, d, ws.exact_q_.data() + k++ * d);
     }
     if (k > 0)
       dense_partial(std::span<const float>(ws.exact_q_.data(), k * d), k, kv, float(scale), 0, n,
@@ -661,9 +662,7 @@ struct detail_attend {
       const float* q = queries + g * d;
       float* o = out + g * d;
       double& c = ws.head_max_[g];
-      double qmax = 0.0;
-      for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(q[j])));
-      if (float_scale && scale * qmax <= 0x1p100 && !(std::fabs(c) > 1024.0)) {
+      if (ws.exact_float_[i]) {
         const float mk = ws.exact_m_[f], lk = ws.exact_l_[f];
         const float* ok = ws.exact_out_.data() + f * d;
         ++f;

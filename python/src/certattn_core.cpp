@@ -427,15 +427,24 @@ void run_heads(std::size_t heads, std::size_t threads, F&& f) {
   pool.parallel_for(heads, [&](std::size_t h, std::size_t w) { f(h, w); });
 }
 
+/// The queries against the cache they attend over: the same KV heads and head_dim.
+void check_queries(const query_arg& q, const cache_arg& k) {
+  if (q.heads != k.heads) throw py::value_error("q and the cache have different kv_heads");
+  if (q.d != k.d) throw py::value_error("q: head_dim differs from the cache's");
+}
+
+void check_softmax_scale(double softmax_scale) {
+  if (!(softmax_scale >= 0) || !std::isfinite(softmax_scale))
+    throw py::value_error("softmax_scale must be finite and >= 0");
+}
+
 py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale,
                             std::size_t threads) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
-  if (q.heads != k.heads) throw py::value_error("q and the cache have different kv_heads");
-  if (q.d != k.d) throw py::value_error("q: head_dim differs from the cache's");
-  if (!(softmax_scale >= 0) || !std::isfinite(softmax_scale))
-    throw py::value_error("softmax_scale must be finite and >= 0");
+  check_queries(q, k);
+  check_softmax_scale(softmax_scale);
   py::array_t<float> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
   float* o = out.mutable_data();
   {
@@ -465,10 +474,8 @@ py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
-  if (q.heads != k.heads) throw py::value_error("q and the cache have different kv_heads");
-  if (q.d != k.d) throw py::value_error("q: head_dim differs from the cache's");
-  if (!(softmax_scale >= 0) || !std::isfinite(softmax_scale))
-    throw py::value_error("softmax_scale must be finite and >= 0");
+  check_queries(q, k);
+  check_softmax_scale(softmax_scale);
   py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
   py::array_t<exact_record> info({py::ssize_t(q.heads), py::ssize_t(q.group)});
   double* o = out.mutable_data();
@@ -517,8 +524,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
       throw py::value_error("index holds " + std::to_string(index->size()) + " tokens, the cache " +
                             std::to_string(k.n));
   }
-  if (q.heads != k.heads) throw py::value_error("q and the cache have different kv_heads");
-  if (q.d != k.d) throw py::value_error("q: head_dim differs from the cache's");
+  check_queries(q, k);
   py::array_t<std::int32_t> hints;
   if (!hints_in.is_none()) {
     hints = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
