@@ -2,6 +2,7 @@
 #include "bench_common.hpp"
 
 #include <certattn/arch/dispatch.hpp>
+#include <certattn/parallel.hpp>
 
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+
+#include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
 
 namespace certattn::bench {
 

@@ -5,7 +5,8 @@
 
 #include <certattn/certattn.hpp>
 #include <certattn/dense.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
+#include <certattn/parallel.hpp>
 
 #include <CLI/CLI.hpp>
 

@@ -32,6 +32,7 @@
 
 #include <certattn/reference.hpp>
 #include <certattn/scan.hpp>
+#include <certattn/parallel.hpp>
 
 #include <unistd.h>
 
@@ -63,6 +64,7 @@ struct accuracy_flags {
   double eps = 0.1;
   std::vector<double> eps_front{0.05, 0.1, 0.2, 0.3};
   double delta = 0.05;
+  double clt_z = 0;  // the CLT rule's quantile; 0: the normal 1 - delta/2 quantile
   double match = 1.1;
   std::size_t threads = 0;
   std::vector<std::string> methods;
@@ -242,6 +244,10 @@ double normal_upper_quantile(double p) {
 /// The rule's sample-size floor: below it the normal approximation of the HT sum is not
 /// trusted (unless the sample holds every light key).
 constexpr std::size_t kCltMinSample = 30;
+
+/// The rule's quantile: --clt-z, or the normal 1 - delta/2 quantile. A larger z (e.g. the
+/// sqrt(2 ln(2 / delta')) of a dimension-free vector tail) shows what the quantile alone costs.
+double clt_quantile(const accuracy_flags& f) { return f.clt_z > 0 ? f.clt_z : normal_upper_quantile(f.delta / 2.0); }
 
 /// Buffers of one call of the rule.
 struct clt_scratch {
@@ -445,7 +451,7 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
   options clt_opt = base;
   clt_opt.certificate = certificate_kind::kTight;
   clt_opt.epsilon = f.eps;
-  const double z = normal_upper_quantile(f.delta / 2.0);
+  const double z = clt_quantile(f);
   double k0 = 0, b0 = 0;
   for (std::size_t ci = 0; ci < calls; ++ci) {
     k0 += double(ours_cert[e_match * calls + ci].keys_read);
@@ -933,7 +939,7 @@ void print_cost_table(const accuracy_flags& f, const std::vector<setting_result>
   std::printf("\nCost of the guarantee. Keys read per query head (mean) and error / (eps M) at eps %g, value scale: "
               "the certified calls against an uncertified central-limit rule on the tight certificate's sample "
               "(z = %.3f, at least %zu light keys)\n",
-              f.eps, normal_upper_quantile(f.delta / 2.0), kCltMinSample);
+              f.eps, clt_quantile(f), kCltMinSample);
   text_table t({"<setting", "tight keys", "classic keys", "clt keys", "clt exact", "tight/clt", "classic/clt",
                 "tight p90", "tight max", "classic p90", "classic max", "clt p90", "clt max", "calls > eps (t/c/clt)"});
   auto num = [](double x, const char* fmt) { return std::isfinite(x) ? strf(fmt, x) : std::string("-"); };
@@ -1300,6 +1306,9 @@ void add_accuracy_command(CLI::App& app) {
   cmd->add_option("--eps", f->eps, "our target error (value scale) for the matched comparison")->capture_default_str();
   cmd->add_option("--eps-front", f->eps_front, "our epsilons drawn on the Pareto plot")->delimiter(',')->capture_default_str();
   cmd->add_option("--delta", f->delta, "failure probability of our certificates")->capture_default_str();
+  cmd->add_option("--clt-z", f->clt_z,
+                  "quantile of the uncertified CLT rule (default: the normal 1 - delta/2 quantile, 1.96 at delta 0.05)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--match", f->match, "a baseline is matched when it reads at most this times our keys (bytes)")
       ->capture_default_str();
   cmd->add_option("--threads", f->threads, "threads (0 = all cores)")->capture_default_str();

@@ -20,6 +20,7 @@
 #include "report.hpp"
 
 #include <certattn/reference.hpp>
+#include <certattn/parallel.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -8,6 +8,7 @@
 #include "bench_common.hpp"
 #include "commands.hpp"
 #include "report.hpp"
+#include <certattn/parallel.hpp>
 
 #include <algorithm>
 #include <cstdio>

@@ -19,6 +19,7 @@
 
 #include <certattn/exact.hpp>
 #include <certattn/monitor/monitor.hpp>
+#include <certattn/parallel.hpp>
 
 #include <algorithm>
 #include <cmath>

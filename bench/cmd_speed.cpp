@@ -11,6 +11,7 @@
 #include "bench_common.hpp"
 #include "commands.hpp"
 #include "report.hpp"
+#include <certattn/parallel.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +32,7 @@ struct speed_flags : grid_flags {
   std::vector<std::string> certificates{"tight"};
   std::vector<std::string> routings{"auto"};
   bool fit_cost = false;
+  bool profile_stages = false;
 };
 
 struct speed_row : run_point {
@@ -42,7 +44,8 @@ struct speed_row : run_point {
   double certified_frac = 0, fallback_frac = 0, routed_frac = 0, over_budget_frac = 0;
   double sampled_per_head = 0;  // heavy + sampled light pool keys per query head (cost model)
   double dense_gbps = 0, read_gbps = 0, dense_bw_frac = 0;
-  double stage_ms[6] = {};  // per step, summed over heads (CERTATTN_PROFILE_STAGES only)
+  bool profile_stages = false;
+  double stage_ms[6] = {};  // per step, summed over heads (--profile-stages only)
 };
 
 record to_record(const speed_row& r) {
@@ -66,9 +69,8 @@ record to_record(const speed_row& r) {
       {"read_gbps", r.read_gbps},
       {"dense_bw_frac", r.dense_bw_frac},
   });
-#ifdef CERTATTN_PROFILE_STAGES
-  for (int i = 0; i < 6; ++i) rec.push_back({std::string("stage_ms_") + kStageNames[i], r.stage_ms[i]});
-#endif
+  if (r.profile_stages)
+    for (int i = 0; i < 6; ++i) rec.push_back({std::string("stage_ms_") + kStageNames[i], r.stage_ms[i]});
   return rec;
 }
 
@@ -77,9 +79,10 @@ struct worker_scratch {
   std::vector<attend_workspace> attend;
   std::vector<dense_workspace> dense;
   worker_scratch(std::size_t workers, std::size_t group, std::size_t d, std::size_t heads,
-                 std::size_t tokens) {
+                 std::size_t tokens, bool time_stages) {
     for (std::size_t w = 0; w < workers; ++w) {
       attend.emplace_back(group, d, tokens);
+      attend.back().time_stages(time_stages);
       dense.emplace_back(group, d, heads);
     }
   }
@@ -319,7 +322,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       "exact %% = query heads answered by exact attention (routed, over budget or fallback).\n",
       f.reps, f.kv_heads, f.group, f.head_dim);
 
-#ifdef CERTATTN_PROFILE_STAGES
+  if (f.profile_stages) {
   std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};
   for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
   text_table stages(sh);
@@ -329,9 +332,9 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
     stages.add_row(c);
   }
-  std::printf("\ncertified call by stage (CERTATTN_PROFILE_STAGES): ms per step, summed over heads\n");
+  std::printf("\ncertified call by stage (--profile-stages): ms per step, summed over heads\n");
   stages.print(stdout);
-#endif
+  }
 
   std::vector<record> recs;
   for (const speed_row& r : rows) recs.push_back(to_record(r));
@@ -349,11 +352,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     j.key("reps").value(std::uint64_t(f.reps)).key("warmup").value(std::uint64_t(f.warmup));
     j.key("seed").value(std::uint64_t(f.seed)).key("bandwidth_mib").value(std::uint64_t(f.bandwidth_mib));
     j.key("flush_mib").value(std::uint64_t(f.flush_mib));
-#ifdef CERTATTN_PROFILE_STAGES
-    j.key("profile_stages").value(true);
-#else
-    j.key("profile_stages").value(false);
-#endif
+    j.key("profile_stages").value(f.profile_stages);
     j.end_object();
     finish_json(j, recs, f.json);
   }
@@ -483,7 +482,7 @@ void run_speed(const speed_flags& f) {
         idx[h].build(hnd_view(cache.keys.data(), cache.values.data(), n, n, H, d, h));
       });
       const std::vector<float> queries = make_step_queries(cache, G, steps);
-      worker_scratch scratch(P.largest().size(), G, d, H, n);
+      worker_scratch scratch(P.largest().size(), G, d, H, n, f.profile_stages);
       prog.advance(double(n * H) * kSetupSteps);
 
       for (layout_kind layout : g.layouts) {
@@ -509,6 +508,7 @@ void run_speed(const speed_flags& f) {
                   static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
                   row.certificate = cert;
                   row.route = route;
+                  row.profile_stages = f.profile_stages;
                   rows.push_back(row);
                   if (route == routing::kOff)
                     for (std::size_t s = f.warmup; s < res.size(); ++s)
@@ -545,6 +545,8 @@ void add_speed_command(CLI::App& app) {
   cmd->add_flag("--fit-cost", f->fit_cost,
                 "fit the cost model (options.cost) by least squares over the steps run with --routing off (added "
                 "when missing) and print it");
+  cmd->add_flag("--profile-stages", f->profile_stages,
+                "time the certified call by stage (attend_workspace::time_stages) and print the stage table");
   cmd->callback([f] { run_speed(*f); });
 }
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <certattn/certattn.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include <map>
 #include <memory>

@@ -28,6 +28,8 @@
 #include <random>
 #include <vector>
 
+#include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
+
 namespace {
 
 using certattn::isa;

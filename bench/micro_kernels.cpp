@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
+
 namespace {
 
 using certattn::half;

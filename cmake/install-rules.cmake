@@ -1,5 +1,5 @@
 # install() + export of the header-only target (and of the C ABI's libraries when
-# CERTATTN_BUILD_C_API is on), a relocatable certattnConfig.cmake that finds Eigen and
+# CERTATTN_BUILD_C_API is on), a relocatable certattnConfig.cmake that finds
 # xsimd again, and a version file. Everything is in one component, so
 # `cmake --install <build> --component certattn_Development` installs the library alone
 # whatever else (bench, examples) the build tree holds.

@@ -386,6 +386,13 @@ int certattn_workspace_create(size_t group, size_t head_dim, size_t max_tokens,
 
 void certattn_workspace_destroy(certattn_workspace* workspace) { delete workspace; }
 
+int certattn_workspace_time_stages(certattn_workspace* workspace, int on) {
+  return guarded("certattn_workspace_time_stages", [&] {
+    require(workspace, "workspace");
+    workspace->ws.time_stages(on != 0);
+  });
+}
+
 int certattn_workspace_last_stats(const certattn_workspace* workspace,
                                   certattn_group_stats* stats) {
   return guarded("certattn_workspace_last_stats", [&] {

@@ -21,6 +21,8 @@
 #include <set>
 #include <string>
 
+#include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
+
 namespace {
 
 using namespace certattn;

@@ -3,7 +3,7 @@
 // This file replaces the global operator new to count allocations, so it is its own
 // test executable.
 #include <certattn/attend.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include <gtest/gtest.h>
 

@@ -3,6 +3,8 @@
 // crashes, nothing else is thrown, and legal edge cases (a pool-less cache, window 0, huge
 // finite inputs) work.
 #include <certattn/certattn.hpp>
+#include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

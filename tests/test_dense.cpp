@@ -16,6 +16,8 @@
 #include <tuple>
 #include <vector>
 
+#include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
+
 namespace {
 
 using certattn::bfloat16;
@@ -473,11 +475,15 @@ TEST(DenseExp, RelativeError) {
 #endif
 }
 
-// The scalar kernel's branch-free fp16 conversion equals Eigen's on every bit pattern.
+// The scalar kernel's branch-free fp16 conversion equals the binary16 definition,
+// (-1)^s 2^(e-15) (1 + m/1024) or 2^-14 m/1024, on every bit pattern.
 TEST(DenseScalar, HalfConversionIsExact) {
   for (std::uint32_t b = 0; b < 65536; ++b) {
-    const auto h = Eigen::numext::bit_cast<half>(std::uint16_t(b));
-    const float want = certattn::to_float(h);
+    const int e = int(b >> 10) & 31, m = int(b & 1023);
+    const float mag = e == 31 ? (m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN())
+                      : e == 0 ? std::ldexp(float(m), -24)
+                               : std::ldexp(1.0f + float(m) / 1024.0f, e - 15);
+    const float want = (b & 0x8000u) ? -mag : mag;
     const float got = certattn::detail::scalar::dense_half_bits_to_float(std::uint16_t(b));
     if (std::isnan(want)) {
       EXPECT_TRUE(std::isnan(got)) << b;

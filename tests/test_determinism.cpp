@@ -9,7 +9,7 @@
 // max(1, |o|)), everything else bit for bit.
 #include <certattn/attend.hpp>
 #include <certattn/parallel.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include "support/harness.hpp"
 #include "support/layouts.hpp"

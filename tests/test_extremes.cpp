@@ -7,6 +7,7 @@
 // values and queries. The 1M-token memory measurement is in test_extremes_slow.cpp.
 #include <certattn/attend.hpp>
 #include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
 
 #include "support/harness.hpp"
 

@@ -3,7 +3,7 @@
 // until refresh(), which then gives the bounds build() gives on the same tokens.
 #include <certattn/attend.hpp>
 #include <certattn/index.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include "support/harness.hpp"
 

@@ -11,9 +11,7 @@
 #include <certattn/arch/scan_prep.hpp>
 #include <certattn/arch/score_dot.hpp>
 #include <certattn/dense.hpp>
-#if CERTATTN_X86
-#include <certattn/arch/avx512/scan_kernels.hpp>
-#endif
+#include <certattn/arch/avx512/scan_kernels.hpp>  // empty off x86
 
 #include <gtest/gtest.h>
 
@@ -23,6 +21,8 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
 
 namespace {
 
@@ -60,9 +60,12 @@ const std::size_t kDims[] = {1, 3, 7, 8, 15, 16, 24, 64, 72, 100, 128, 136, 256}
 TEST(PortableKernels, TargetIsNamed) {
   std::printf("portable kernels: %s (fused multiply-add: %s)\n", detail::portable::arch_name(),
               detail::portable::portable_has_fma ? "yes" : "no");
-#if defined(__aarch64__)
+#if defined(__aarch64__) || defined(__FMA__)
+  // NEON, or x86-64 with FMA (test_kernels_direct_fma): the fused kernels run in batches.
   EXPECT_TRUE(CERTATTN_PORTABLE_SIMD);
-  EXPECT_TRUE(detail::portable::portable_has_fma);  // NEON: the fused kernels run in batches
+  EXPECT_TRUE(detail::portable::portable_has_fma);
+#else
+  EXPECT_FALSE(CERTATTN_PORTABLE_SIMD);  // the default x86-64 target runs the scalar twins
 #endif
 }
 

@@ -11,7 +11,8 @@
 // Deterministic given the seeds; the 2x margin is far outside the seed-to-seed spread of the
 // means over 8 queries (measured below 15%), so the false-failure probability is negligible.
 #include <certattn/certattn.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
+#include <certattn/reference.hpp>
 
 #include "support/harness.hpp"
 

@@ -2,7 +2,7 @@
 // propagate, and concurrent certified calls on different heads agree with serial ones.
 #include <certattn/attend.hpp>
 #include <certattn/parallel.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include <gtest/gtest.h>
 

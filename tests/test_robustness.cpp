@@ -6,6 +6,7 @@
 // and paste the rows between the markers of docs/robustness.md.
 #include <certattn/attend.hpp>
 #include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
 
 #include "support/harness.hpp"
 

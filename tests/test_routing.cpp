@@ -6,7 +6,7 @@
 #include <certattn/exact.hpp>
 #include <certattn/history.hpp>
 #include <certattn/reference.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include "support/harness.hpp"
 #include "support/layouts.hpp"

@@ -24,7 +24,9 @@
 //
 // Grep the output for "VALIDITY" for the summary table.
 #include <certattn/certattn.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
+#include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
 
 #include <gtest/gtest.h>
 

@@ -18,6 +18,7 @@
 #include <array>
 #include <certattn/certattn.hpp>
 #include <certattn/dense.hpp>
+#include <certattn/exact.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

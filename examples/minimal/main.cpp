@@ -7,7 +7,8 @@
 // The cache and the queries come from certattn's synthetic generator (a stand-in for a
 // model: sinks, recency, heavy hitters, outlier channels); an engine has its own.
 #include <certattn/certattn.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
+#include <certattn/exact.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

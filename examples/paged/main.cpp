@@ -11,7 +11,9 @@
 // head_offset = head * page_size * head_dim instead (docs/integration.md).
 #include <algorithm>
 #include <certattn/certattn.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/parallel.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

@@ -31,7 +31,7 @@
 #include <certattn/scan.hpp>
 
 #include <algorithm>
-#include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +41,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <certattn/arch/macros.hpp>
 
 namespace certattn {
 
@@ -63,7 +65,7 @@ struct group_stats {
   std::size_t dense_bytes = 0;       // what dense attention reads: K and V once
   std::size_t bound_violations = 0;  // a key exact-scored above its bound: must stay 0
   // Seconds per stage (window, scan, max score, candidates, level loop, fallback), filled
-  // only when CERTATTN_PROFILE_STAGES is defined (the bench's profile mode).
+  // only when the workspace times stages (attend_workspace::time_stages).
   double stage_seconds[6] = {};
 };
 
@@ -72,20 +74,28 @@ namespace detail {
 /// score bounds keep a margin of 2^28 below FLT_MAX (real scores are below 2^10).
 inline constexpr double kMaxScoreMagnitude = 0x1p100;
 
-#ifdef CERTATTN_PROFILE_STAGES
+/// Times the stages of a call when the workspace asks for it (time_stages): a branch per
+/// stage otherwise. A monotonic clock from <ctime>: <chrono> alone added a tenth of the
+/// umbrella header's compile time.
 struct stage_clock {
-  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
-  void lap(double& acc) {
-    const auto now = std::chrono::steady_clock::now();
-    acc += std::chrono::duration<double>(now - t).count();
-    t = now;
+  bool on;
+  double t = on ? now() : 0.0;
+  static double now() noexcept {
+    std::timespec ts{};
+#if defined(CLOCK_MONOTONIC)
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    std::timespec_get(&ts, TIME_UTC);
+#endif
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  }
+  void lap(double& acc) noexcept {
+    if (!on) return;
+    const double n = now();
+    acc += n - t;
+    t = n;
   }
 };
-#else
-struct stage_clock {
-  void lap(double&) noexcept {}
-};
-#endif
 }  // namespace detail
 
 /// Caller-owned scratch of the certified call, sized once for (group, head_dim, the most
@@ -152,6 +162,11 @@ class attend_workspace {
   int max_levels() const noexcept { return levels_; }
   /// Statistics of the last call.
   const group_stats& last_stats() const noexcept { return stats_; }
+
+  /// Time the stages of each call into group_stats::stage_seconds (two clock reads per
+  /// stage; off by default).
+  void time_stages(bool on) noexcept { time_stages_ = on; }
+  bool times_stages() const noexcept { return time_stages_; }
 
   /// For tests: record the sample of each head (tokens that entered the HT sums, with
   /// the level at which each is heavy). Recording allocates; leave it off in production.
@@ -220,6 +235,7 @@ class attend_workspace {
   std::vector<std::uint8_t> exact_float_;   // [group] 1: the head joins the float pass
   std::vector<int> head_levels_;            // [group] stopping levels (group_history)
   bool record_ = false;
+  bool time_stages_ = false;
   std::size_t head_ = 0;
   std::vector<std::vector<sampled_key>> recorded_;
 };
@@ -731,7 +747,7 @@ struct detail_attend {
       std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
       std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
     }
-    detail::stage_clock clock;
+    detail::stage_clock clock{ws.time_stages_};
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     for (std::size_t i = 0; i < d; ++i) ws.center_[i] = radius.center_at(i);
     ws.design_ = make_sampling_design(opt, idx.reach_floor(), idx.value_distance_max(pool_end),
@@ -1062,3 +1078,5 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
 
 
 }  // namespace certattn
+
+#include <certattn/arch/macros_undef.hpp>

@@ -2,7 +2,7 @@
 // assertion macro, the 16-bit element types, and a small strided matrix view.
 #pragma once
 
-#include <Eigen/Core>
+#include <certattn/float16.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -22,11 +22,6 @@ namespace certattn {
 struct error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-/// 16-bit element types of the cache. Eigen's types are bit-compatible with IEEE binary16
-/// and bfloat16, convert to float exactly, and spare us one more dependency.
-using half = Eigen::half;
-using bfloat16 = Eigen::bfloat16;
 
 template <class T>
 concept cache_element =

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <certattn/arch/macros.hpp>
+
 namespace certattn {
 
 /// The online-softmax state of one query over a range of tokens: m = max score, l = sum of
@@ -419,3 +421,5 @@ void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads
 }
 
 }  // namespace certattn
+
+#include <certattn/arch/macros_undef.hpp>

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <certattn/arch/macros.hpp>
+
 namespace certattn {
 
 /// Codes: per block of kBlockTokens tokens and per channel, an offset lo and steps st4, st8
@@ -562,3 +564,5 @@ class key_index {
 };
 
 }  // namespace certattn
+
+#include <certattn/arch/macros_undef.hpp>

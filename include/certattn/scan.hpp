@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <certattn/arch/macros.hpp>
+
 namespace certattn {
 
 /// Inputs and outputs of one scan. Buffers are caller-owned (the certified call's
@@ -92,3 +94,5 @@ inline void scan_score_bounds(const scan_request& r, isa which = active_isa()) n
 }
 
 }  // namespace certattn
+
+#include <certattn/arch/macros_undef.hpp>

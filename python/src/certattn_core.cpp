@@ -9,6 +9,9 @@
 // token and head strides are free (a head-major buffer sliced to its first n tokens, or a
 // token-major [n, kv_heads, d] buffer transposed to [kv_heads, n, d], are read in place).
 #include <certattn/certattn.hpp>
+#include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/parallel.hpp>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

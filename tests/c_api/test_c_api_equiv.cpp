@@ -11,7 +11,7 @@
 #include <certattn/attend.hpp>
 #include <certattn/dense.hpp>
 #include <certattn/exact.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include "../support/layouts.hpp"
 

@@ -6,6 +6,7 @@
 // token, same certificate, outputs within float rounding and inside the values' range).
 #include <certattn/attend.hpp>
 #include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
 
 #include "../support/harness.hpp"
 #include "fuzz_common.hpp"

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <certattn/certattn.hpp>
+#include <certattn/reference.hpp>
 
 #include <span>
 #include <vector>

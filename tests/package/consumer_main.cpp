@@ -3,6 +3,8 @@
 // small random fp16 cache, compares its output with exact attention and fails when the
 // error exceeds what the certificate promises.
 #include <certattn/certattn.hpp>
+#include <certattn/reference.hpp>
+#include <certattn/exact.hpp>
 
 #include <cmath>
 #include <cstdio>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <certattn/layout.hpp>
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // effective keys exp(H), top-1 weight, top-64 mass, score range, sink and recent mass,
 // needle top-1 rate and channel max/median. Release build:
 //   build/release/tests/certattn_synthetic_table
-#include <certattn/synthetic.hpp>
+#include <certattn/testing/synthetic.hpp>
 
 #include <algorithm>
 #include <cstdio>

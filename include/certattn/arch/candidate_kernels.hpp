@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <limits>
 
+#include <certattn/arch/macros.hpp>
+
 namespace certattn::detail {
 
 struct candidate_params {
@@ -195,3 +197,5 @@ CERTATTN_ARCH_END
 #endif
 
 }  // namespace certattn::detail
+
+#include <certattn/arch/macros_undef.hpp>

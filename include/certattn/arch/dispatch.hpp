@@ -88,29 +88,6 @@ inline isa active_isa() noexcept {
 }  // namespace certattn
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CERTATTN_X86 1
 #include <immintrin.h>
-#define CERTATTN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define CERTATTN_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsic headers (the
-// `__Y = __Y` idiom of _mm512_undefined_*) once they are inlined; the arch headers
-// silence that one false positive between these two markers. Clang has neither the false
-// positive nor the first warning group (it would warn about the unknown group).
-#if defined(__clang__)
-#define CERTATTN_ARCH_BEGIN
-#define CERTATTN_ARCH_END
-#else
-#define CERTATTN_ARCH_BEGIN                                                \
-  _Pragma("GCC diagnostic push")                                           \
-      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")          \
-          _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
-#define CERTATTN_ARCH_END _Pragma("GCC diagnostic pop")
 #endif
-#else
-#define CERTATTN_ARCH_BEGIN
-#define CERTATTN_ARCH_END
-#define CERTATTN_X86 0
-#define CERTATTN_TARGET_AVX2
-#define CERTATTN_TARGET_AVX512
-#endif
+

@@ -1,7 +1,14 @@
 // The portable kernels: one xsimd::batch source compiled for the translation unit's own
-// target (NEON on aarch64; on x86-64 the -march level, SSE2 by default). They are the
-// fallback of the runtime dispatch (isa::kScalar), below the AVX2 / AVX-512 kernels that
-// x86 selects at run time with function-level target attributes.
+// target: NEON on aarch64, and on x86-64 the -march level when it has FMA (e.g. -mavx2
+// -mfma or -march=native). They are the fallback of the runtime dispatch (isa::kScalar),
+// and serve the stages without a hand-written kernel at isa::kAvx2, below the AVX2 /
+// AVX-512 kernels that x86 selects at run time with function-level target attributes.
+//
+// The default x86-64 target (SSE2, no FMA) runs the scalar twins instead and does not
+// include xsimd: there the batch forms of the kernels that need a fused multiply-add
+// cannot give the twins' bits, the fp16 score dot was slower than its twin (135 against
+// 116 ns at d = 128) and the dense kernel no faster, while xsimd's headers cost every
+// translation unit that includes certattn 0.3-0.4 s of compile time.
 //
 // Every kernel keeps the lane structure of its scalar twin, whatever the batch width
 // (channel mod 8 for double sums, mod 16 for float ones, one fixed reduction tree), so it
@@ -17,7 +24,10 @@
 #include <certattn/common.hpp>
 #include <certattn/perturb.hpp>
 
+// The condition of CERTATTN_PORTABLE_SIMD (arch/macros.hpp), which is defined below.
+#if (defined(__aarch64__) && defined(__ARM_NEON)) || (defined(__x86_64__) && defined(__FMA__))
 #include <xsimd/xsimd.hpp>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -28,13 +38,7 @@
 #include <type_traits>
 #include <utility>
 
-// XSIMD_WITH_NEON64: aarch64. XSIMD_WITH_SSE2: every x86-64. Other targets (no batch type
-// in xsimd 8.1) run the scalar twins.
-#if XSIMD_WITH_NEON64 || XSIMD_WITH_SSE2
-#define CERTATTN_PORTABLE_SIMD 1
-#else
-#define CERTATTN_PORTABLE_SIMD 0
-#endif
+#include <certattn/arch/macros.hpp>
 
 namespace certattn::detail::portable {
 
@@ -65,21 +69,8 @@ inline constexpr bool portable_fast_half = false;
 inline const char* arch_name() noexcept { return "scalar"; }
 #endif
 
-/// fp16 bits -> float: exponent and mantissa shifted into place, then scaled by
-/// 2^(127 - 15), which also renormalises subnormals; Inf/NaN get the all-ones exponent.
-/// Exact for every bit pattern (tests/test_dense.cpp checks all 65536).
-inline float half_bits_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t magnitude = std::uint32_t(h & 0x7fffu) << 13;
-  float f;
-  std::memcpy(&f, &magnitude, sizeof f);
-  f *= 0x1p112f;
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u |= (h & 0x7c00u) == 0x7c00u ? 0x7f800000u : 0u;
-  u |= std::uint32_t(h & 0x8000u) << 16;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+/// fp16 bits -> float, exact (float16.hpp).
+inline float half_bits_to_float(std::uint16_t h) noexcept { return detail::half_bits_to_float(h); }
 
 /// n <= 16 elements as floats (exact), branch-free so that the compiler vectorises it.
 template <class T>
@@ -482,3 +473,5 @@ inline void dense_chunk(const dense_chunk_args& a) {
 #endif  // CERTATTN_PORTABLE_SIMD
 
 }  // namespace certattn::detail::portable
+
+#include <certattn/arch/macros_undef.hpp>

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <certattn/arch/macros.hpp>
+
 namespace certattn::detail {
 
 inline float reduce16(const float* a) noexcept {
@@ -255,3 +257,5 @@ inline double refine8_bound(const float* a, float offset, const std::uint8_t* co
 }
 
 }  // namespace certattn::detail
+
+#include <certattn/arch/macros_undef.hpp>

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <certattn/arch/macros.hpp>
+
 namespace certattn::detail {
 
 template <class T>
@@ -285,3 +287,5 @@ inline void score_dot8_fast(const float* q, const T* const* k, std::size_t d, is
 }
 
 }  // namespace certattn::detail
+
+#include <certattn/arch/macros_undef.hpp>

@@ -186,7 +186,7 @@ typedef struct certattn_certificate {
 typedef struct certattn_group_stats {
   size_t tokens, pool, candidates, refined, keys_read, values_read, fallbacks, over_budget,
       routed, sampled, bytes_read, dense_bytes, bound_violations;
-  double stage_seconds[6]; /* filled only in builds with CERTATTN_PROFILE_STAGES */
+  double stage_seconds[6]; /* only with certattn_workspace_time_stages */
 } certattn_group_stats;
 
 /* The result of certattn_exact_attention (double precision reference). */
@@ -250,6 +250,9 @@ CERTATTN_C_EXPORT int certattn_workspace_create_levels(size_t group, size_t head
                                                        size_t max_tokens, int max_levels,
                                                        certattn_workspace** workspace);
 CERTATTN_C_EXPORT void certattn_workspace_destroy(certattn_workspace* workspace);
+/* Time the stages of each call into certattn_group_stats.stage_seconds (on != 0; off by
+ * default: two clock reads per stage). */
+CERTATTN_C_EXPORT int certattn_workspace_time_stages(certattn_workspace* workspace, int on);
 /* What the last certattn_attend_group() with this workspace read. */
 CERTATTN_C_EXPORT int certattn_workspace_last_stats(const certattn_workspace* workspace,
                                                     certattn_group_stats* stats);

@@ -13,6 +13,8 @@
 #include <limits>
 #include <type_traits>
 
+#include <certattn/arch/macros.hpp>
+
 #if CERTATTN_X86
 
 namespace certattn::detail::avx2::dense {
@@ -312,3 +314,5 @@ CERTATTN_TARGET_AVX2 inline void dense_chunk(const dense_chunk_args& a) {
 }  // namespace certattn::detail::avx2::dense
 
 #endif  // CERTATTN_X86
+
+#include <certattn/arch/macros_undef.hpp>

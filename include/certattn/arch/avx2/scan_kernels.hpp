@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <certattn/arch/macros.hpp>
+
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
 namespace certattn::detail::avx2 {
@@ -199,3 +201,5 @@ CERTATTN_TARGET_AVX2 inline void prepare_block_queries_avx2(const float* lo, con
 }  // namespace certattn::detail::avx2
 CERTATTN_ARCH_END
 #endif
+
+#include <certattn/arch/macros_undef.hpp>

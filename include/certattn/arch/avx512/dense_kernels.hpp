@@ -15,6 +15,8 @@
 #include <limits>
 #include <type_traits>
 
+#include <certattn/arch/macros.hpp>
+
 #if CERTATTN_X86
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wuninitialized flags
@@ -363,3 +365,5 @@ CERTATTN_TARGET_AVX512 inline void dense_chunk(const dense_chunk_args& a) {
 #endif
 
 #endif  // CERTATTN_X86
+
+#include <certattn/arch/macros_undef.hpp>

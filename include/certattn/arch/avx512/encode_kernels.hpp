@@ -14,13 +14,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include <certattn/arch/macros.hpp>
+
 #if CERTATTN_X86
-#if defined(__clang__)
-// Clang contracts only within one source expression: the intrinsics are never fused.
-#define CERTATTN_NO_FP_CONTRACT
-#else
-#define CERTATTN_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
-#endif
 
 CERTATTN_ARCH_BEGIN
 namespace certattn::detail {
@@ -107,3 +103,5 @@ CERTATTN_TARGET_AVX512 CERTATTN_NO_FP_CONTRACT inline bool quantize_row_avx512(
 }  // namespace certattn::detail
 CERTATTN_ARCH_END
 #endif
+
+#include <certattn/arch/macros_undef.hpp>

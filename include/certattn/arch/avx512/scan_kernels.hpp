@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <certattn/arch/macros.hpp>
+
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
 namespace certattn::detail::avx512 {
@@ -317,3 +319,5 @@ CERTATTN_TARGET_AVX512 inline float max_abs_avx512(const float* x, std::size_t n
 }  // namespace certattn::detail::avx512
 CERTATTN_ARCH_END
 #endif
+
+#include <certattn/arch/macros_undef.hpp>

@@ -91,22 +91,9 @@ inline float dense_clamp_score(float s) noexcept {
 
 namespace scalar {
 
-/// fp16 bits -> float without F16C: exponent and mantissa shifted into place, then scaled
-/// by 2^(127 - 15), which also renormalises subnormals; Inf/NaN get the float's all-ones
-/// exponent. Branch-free, so GCC vectorises the block loops below at -O2; the generic
-/// conversion cost ~250 ns per token at d = 128, G = 4.
-inline float dense_half_bits_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t magnitude = std::uint32_t(h & 0x7fffu) << 13;
-  float f;
-  std::memcpy(&f, &magnitude, sizeof f);
-  f *= 0x1p112f;
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u |= (h & 0x7c00u) == 0x7c00u ? 0x7f800000u : 0u;
-  u |= std::uint32_t(h & 0x8000u) << 16;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+/// fp16 bits -> float without F16C, branch-free, so GCC vectorises the block loops below
+/// at -O2 (the generic conversion cost ~250 ns per token at d = 128, G = 4).
+inline float dense_half_bits_to_float(std::uint16_t h) noexcept { return detail::half_bits_to_float(h); }
 
 /// A cache row [d] as floats, zero-padded to q_stride.
 template <class T>
