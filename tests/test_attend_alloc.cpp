@@ -65,6 +65,7 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     g_counting = true;
     std::size_t routed = 0;
     for (std::uint64_t s = 1; s < 12; ++s) {
+      ws.time_stages(s % 2 == 1);  // timed calls do not allocate either
       call(s, s == 5 ? strict : opt);
       routed += certs[0].path == answer_path::kRouted;
       if (s == 5 && route == routing::kOff)
@@ -73,6 +74,14 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     g_counting = false;
     EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r) << ", routing "
                                        << to_string(route);
+    // The last call (s = 11) was timed when the group was not routed; untimed calls leave
+    // stage_seconds at 0.
+    double timed = 0;
+    for (double t : ws.last_stats().stage_seconds) timed += t;
+    if (ws.last_stats().routed == 0) EXPECT_GT(timed, 0.0);
+    ws.time_stages(false);
+    call(0, opt);
+    for (double t : ws.last_stats().stage_seconds) EXPECT_EQ(t, 0.0);
     if (route == routing::kAuto && r == synthetic::regime::kUniform)
       EXPECT_GT(routed, 0u) << "a flat group should have been routed to the dense kernel";
   }

@@ -31,15 +31,15 @@
 #include <certattn/scan.hpp>
 
 #include <algorithm>
-#include <ctime>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <limits>
-#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <certattn/arch/macros.hpp>
@@ -80,7 +80,7 @@ inline constexpr double kMaxScoreMagnitude = 0x1p100;
 struct stage_clock {
   bool on;
   double t = on ? now() : 0.0;
-  static double now() noexcept {
+  [[gnu::noinline]] static double now() noexcept {
     std::timespec ts{};
 #if defined(CLOCK_MONOTONIC)
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -89,12 +89,40 @@ struct stage_clock {
 #endif
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
   }
-  void lap(double& acc) noexcept {
-    if (!on) return;
+  // Out of line and cold: the untimed call keeps its code layout.
+  [[gnu::noinline, gnu::cold]] void record(double& acc) noexcept {
     const double n = now();
     acc += n - t;
     t = n;
   }
+  void lap(double& acc) noexcept {
+    if (on) [[unlikely]]
+      record(acc);
+  }
+};
+
+/// A heap array of doubles left uninitialised, so that its pages stay uncommitted until
+/// written; move-only. (std::unique_ptr<double[]> would do, but <memory> adds a tenth of
+/// the umbrella header's compile time.)
+class uninitialized_doubles {
+ public:
+  uninitialized_doubles() = default;
+  explicit uninitialized_doubles(std::size_t n) : p_(new double[n]) {}
+  uninitialized_doubles(uninitialized_doubles&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  uninitialized_doubles& operator=(uninitialized_doubles&& o) noexcept {
+    if (this != &o) {
+      delete[] p_;
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  uninitialized_doubles(const uninitialized_doubles&) = delete;
+  uninitialized_doubles& operator=(const uninitialized_doubles&) = delete;
+  ~uninitialized_doubles() { delete[] p_; }
+  double& operator[](std::size_t i) const noexcept { return p_[i]; }
+
+ private:
+  double* p_ = nullptr;
 };
 }  // namespace detail
 
@@ -121,7 +149,7 @@ class attend_workspace {
     // [group][window + exact set]: the exact set can hold any number of tokens (values
     // beyond float's range always join it), so room for every token, left uncommitted.
     fixed_stride_ = max_tokens + 1;
-    fixed_scores_.reset(new double[group * fixed_stride_]);
+    fixed_scores_ = detail::uninitialized_doubles(group * fixed_stride_);
     head_c_.assign(group, 0.0);
     head_max_.assign(group, 0.0);
     head_max_keys_.assign(group, 0);
@@ -201,7 +229,7 @@ class attend_workspace {
   std::vector<std::int8_t> qa_;
   std::vector<detail::block_query_prep> prep_;
   std::size_t fixed_stride_ = 0;
-  std::unique_ptr<double[]> fixed_scores_;  // [group][fixed_stride]: window, then exact set
+  detail::uninitialized_doubles fixed_scores_;  // [group][fixed_stride]: window, then exact set
   std::vector<double> head_c_;              // [group] the weights' reference c + shift
   std::vector<double> head_max_;            // [group] c of each head (the maximum score)
   std::vector<std::size_t> head_max_keys_;  // [group] keys the max stage read exactly
