@@ -90,4 +90,3 @@ inline isa active_isa() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #endif
-
