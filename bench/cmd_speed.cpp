@@ -323,17 +323,17 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       f.reps, f.kv_heads, f.group, f.head_dim);
 
   if (f.profile_stages) {
-  std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};
-  for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
-  text_table stages(sh);
-  for (const speed_row& r : rows) {
-    std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads),
-                               std::string(to_string(r.certificate))};
-    for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
-    stages.add_row(c);
-  }
-  std::printf("\ncertified call by stage (--profile-stages): ms per step, summed over heads\n");
-  stages.print(stdout);
+    std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};
+    for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
+    text_table stages(sh);
+    for (const speed_row& r : rows) {
+      std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads),
+                                 std::string(to_string(r.certificate))};
+      for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
+      stages.add_row(c);
+    }
+    std::printf("\ncertified call by stage (--profile-stages): ms per step, summed over heads\n");
+    stages.print(stdout);
   }
 
   std::vector<record> recs;
