@@ -475,7 +475,7 @@ TEST(DenseExp, RelativeError) {
 #endif
 }
 
-// The scalar kernel's branch-free fp16 conversion equals the binary16 definition,
+// The kernels' branch-free fp16 conversion equals the binary16 definition,
 // (-1)^s 2^(e-15) (1 + m/1024) or 2^-14 m/1024, on every bit pattern.
 TEST(DenseScalar, HalfConversionIsExact) {
   for (std::uint32_t b = 0; b < 65536; ++b) {
@@ -484,7 +484,7 @@ TEST(DenseScalar, HalfConversionIsExact) {
                       : e == 0 ? std::ldexp(float(m), -24)
                                : std::ldexp(1.0f + float(m) / 1024.0f, e - 15);
     const float want = (b & 0x8000u) ? -mag : mag;
-    const float got = certattn::detail::scalar::dense_half_bits_to_float(std::uint16_t(b));
+    const float got = certattn::detail::half_bits_to_float(std::uint16_t(b));
     if (std::isnan(want)) {
       EXPECT_TRUE(std::isnan(got)) << b;
     } else {

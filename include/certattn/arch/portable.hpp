@@ -69,9 +69,6 @@ inline constexpr bool portable_fast_half = false;
 inline const char* arch_name() noexcept { return "scalar"; }
 #endif
 
-/// fp16 bits -> float, exact (float16.hpp).
-inline float half_bits_to_float(std::uint16_t h) noexcept { return detail::half_bits_to_float(h); }
-
 /// n <= 16 elements as floats (exact), branch-free so that the compiler vectorises it.
 template <class T>
 inline void widen_to_float(const T* p, float* out, std::size_t n) noexcept {
