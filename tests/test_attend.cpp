@@ -224,7 +224,7 @@ std::vector<exact_case> cases() {
   c.push_back({synthetic::regime::kMild, layout_kind::kPaged, 1, 128, 7, 4096, isa::kScalar,
                error_scale::kValueScale, 0.01});
   c.push_back({synthetic::regime::kUniform, layout_kind::kHnd, 0, 64, 4, 2048, isa::kAvx512Vnni,
-               error_scale::kValueScale, 1e-7});
+               error_scale::kValueScale, options::kMinEpsilon});
   c.push_back({synthetic::regime::kMixed, layout_kind::kHnd, 0, 128, 4, 32768, isa::kAvx512Vnni,
                error_scale::kValueScale, 0.1});
   c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 0, 128, 8, 32768, isa::kAvx512Vnni,

@@ -2,6 +2,7 @@
 // double, over head_dim, group size, context length and cache layout (HND, NHD, paged),
 // plus the partial form, the all-heads NHD pass, extreme inputs and input validation.
 #include <certattn/dense.hpp>
+#include <certattn/rounding.hpp>
 #include <certattn/exact.hpp>
 
 #include <gtest/gtest.h>
@@ -458,6 +459,16 @@ TEST(DenseExp, RelativeError) {
   std::printf("exp relative error on [-87, 0]: avx512 %.2e, avx2 %.2e\n", worst512, worst2);
   EXPECT_LT(worst512, 2e-7);
   EXPECT_LT(worst2, 2e-7);
+  // The constant the exact answers' rounding bound assumes (rounding.hpp), for these and
+  // for the C library's expf of the scalar and portable kernels.
+  double worst_libm = 0.0;
+  for (float x : xs) {
+    const double e = std::exp(double(x));
+    worst_libm = std::max(worst_libm, std::abs(double(std::exp(x)) - e) / e);
+  }
+  EXPECT_LT(worst512, certattn::detail::kDenseExpError);
+  EXPECT_LT(worst2, certattn::detail::kDenseExpError);
+  EXPECT_LT(worst_libm, certattn::detail::kDenseExpError);
   float far[16], y[16];
   for (int i = 0; i < 16; ++i)
     far[i] = i < 8 ? -200.0f * float(i + 1) : -std::numeric_limits<float>::infinity();

@@ -246,7 +246,8 @@ TEST(Inclusion, ReferenceSetsAreNestedAndMatchTheDefinition) {
     opt.window = window;
     opt.grid_ratio = 1 + trial % 3;
     opt.max_levels = 24;
-    opt.epsilon = 1e-9;  // never certifies: the trace covers every level
+    opt.epsilon = options::kMinEpsilon;  // with this delta, never certifies: the trace
+    opt.delta = 1e-300;                  // covers every level
     opt.seed = 1000 + trial;
     const noise_key nk{std::uint64_t(trial), 2, 3};
     const reference_result res = reference_attend(std::span<const float>(q), kv, vv, opt, nk);

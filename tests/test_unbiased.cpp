@@ -61,7 +61,8 @@ void check_unbiased(const fixture& f, certificate_kind kind, int grid_ratio, int
   opt.grid_ratio = grid_ratio;
   opt.max_levels = max_levels;
   opt.certificate = kind;
-  opt.epsilon = 1e-12;  // never certifies: the trace covers every level
+  opt.epsilon = options::kMinEpsilon;  // with this delta, never certifies: the trace
+  opt.delta = 1e-300;                  // covers every level
   // Levels of the tight grid count from its top: the tested levels are relative to tau = 1.
   const int top_levels = opt.coarse_levels(), J = opt.total_levels();
   const double scale = opt.effective_softmax_scale(f.d);

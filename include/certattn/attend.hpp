@@ -27,6 +27,7 @@
 #include <certattn/memory.hpp>
 #include <certattn/options.hpp>
 #include <certattn/perturb.hpp>
+#include <certattn/rounding.hpp>
 #include <certattn/sampler.hpp>
 #include <certattn/scan.hpp>
 
@@ -182,6 +183,7 @@ class attend_workspace {
     exact_l_.assign(group, 0.0f);
     exact_float_.assign(group, 0);
     head_levels_.assign(group, -1);
+    exact_rounding_.assign(group, {});
   }
 
   std::size_t group() const noexcept { return group_; }
@@ -253,6 +255,7 @@ class attend_workspace {
   std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
   std::vector<double> window_num_;  // [group][head_dim]
   std::vector<double> center_;      // [head_dim] the index's value centre g (level_sums)
+  double center_norm_ = 0.0;        // ||g||
   sampling_design design_;          // this call's (certificate.hpp)
   const float* dist_ = nullptr;     // the index's ||v_t - g|| bounds, per token
   group_stats stats_;
@@ -262,6 +265,7 @@ class attend_workspace {
   std::vector<float> exact_m_, exact_l_;    // [group] the dense pass's softmax states
   std::vector<std::uint8_t> exact_float_;   // [group] 1: the head joins the float pass
   std::vector<int> head_levels_;            // [group] stopping levels (group_history)
+  std::vector<exact_rounding> exact_rounding_;  // [group] the exact answers' rounding
   bool record_ = false;
   bool time_stages_ = false;
   std::size_t head_ = 0;
@@ -672,21 +676,32 @@ struct detail_attend {
   }
 
   // ---- stage: exact answers ----------------------------------------------------------
+  /// scale ||q||_1 max|k| >= |s_i| and >= scale sum_j |q_j k_ij| for every token: what the
+  /// rounding bounds of rounding.hpp scale with.
+  static double score_magnitude(const float* q, std::size_t d, double scale,
+                                const key_index& idx) noexcept {
+    double l1 = 0.0;
+    for (std::size_t j = 0; j < d; ++j) l1 += std::fabs(double(q[j]));
+    return scale * l1 * double(idx.max_abs_key());
+  }
+
   /// Exact attention for the heads ws.exact_heads_[0..m): one pass of the dense kernel over
   /// the cache for all of them (fallbacks, heads over budget, routed groups). ws.head_max_[g]
   /// is the head's maximum score c, or NaN when the call has not computed it (routed
   /// groups skip the max-score stage): then c is the dense kernel's running maximum, or
   /// the exact maximum on the double path. Writes each head's output, its c into
-  /// ws.head_max_[g] and D relative to c into ws.window_weight_[g]. The float kernel
-  /// cannot serve scores far from 0 (it cannot resolve their weights), a scale or scaled
-  /// query beyond float's range, or values whose weighted sum overflows float: those heads
-  /// take the double path (lane-fixed exact scores, double sums), as does any result that
-  /// is not finite.
+  /// ws.head_max_[g], D relative to c into ws.window_weight_[g] and what bounds its
+  /// rounding into ws.exact_rounding_[g] (rounding.hpp). The float kernel cannot serve
+  /// scores far from 0 (it cannot resolve their weights), a scale or scaled query beyond
+  /// float's range, or values whose weighted sum overflows float: those heads take the
+  /// double path (lane-fixed exact scores, double sums), as does any result that is not
+  /// finite, and every head when `force_double` is set. `value_norm_max` >= max_i ||v_i||.
   template <kv_view KV>
-  static void exact_heads(const KV& kv, const float* queries, double scale, std::size_t m,
-                          float* out, attend_workspace& ws, isa which) {
+  static void exact_heads(const KV& kv, const key_index& idx, const float* queries, double scale,
+                          std::size_t m, float* out, attend_workspace& ws, isa which,
+                          bool force_double, double value_norm_max) {
     const std::size_t d = ws.d_, n = kv.size();
-    const bool float_scale = scale <= 0x1p100;
+    const bool float_scale = scale <= 0x1p100 && !force_double;
     std::size_t k = 0;  // heads of the float pass, gathered in ws.exact_q_
     for (std::size_t i = 0; i < m; ++i) {
       const std::size_t g = ws.exact_heads_[i];
@@ -706,6 +721,10 @@ struct detail_attend {
       const float* q = queries + g * d;
       float* o = out + g * d;
       double& c = ws.head_max_[g];
+      const double magnitude = score_magnitude(q, d, scale, idx);
+      exact_rounding& r = ws.exact_rounding_[g];
+      r = {};
+      r.head_dim = d;
       if (ws.exact_float_[i]) {
         const float mk = ws.exact_m_[f], lk = ws.exact_l_[f];
         const float* ok = ws.exact_out_.data() + f * d;
@@ -717,6 +736,8 @@ struct detail_attend {
         if (finite && den > 0.0 && std::isfinite(den)) {
           c = cref;
           ws.window_weight_[g] = den;
+          r.eta = dense_kernel_eta(n, d, magnitude);
+          r.spread = value_norm_max;  // >= sum_i a_i ||v_i||; value scale: <= M
           continue;
         }
       }
@@ -726,15 +747,34 @@ struct detail_attend {
           c = std::max(c, scale * detail::score_dot_fast(q, kv.key(t), d, which));
       }
       std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
-      double den = 0.0;
+      double den = 0.0, sq = 0.0;
       for (std::size_t t = 0; t < n; ++t) {
         const double w = std::exp(scale * detail::score_dot_fast(q, kv.key(t), d, which) - c);
         den += w;
-        add_value(kv.value(t), d, w, ws.exact_num_.data());
+        sq += w * add_value(kv.value(t), d, w, ws.exact_num_.data());
       }
       for (std::size_t j = 0; j < d; ++j) o[j] = float(ws.exact_num_[j] / den);
       ws.window_weight_[g] = den;
+      r.eta = double_path_eta(n, magnitude + std::fabs(c) * 0x1p-40);
+      r.value_scale = std::sqrt(sq / den);
+      r.spread = value_scale_upper(r);
     }
+  }
+
+  /// ||o|| of a head's float output.
+  static double output_norm(const float* o, std::size_t d) noexcept {
+    double a = 0.0;
+    for (std::size_t j = 0; j < d; ++j) a += double(o[j]) * double(o[j]);
+    return std::sqrt(a);
+  }
+
+  /// max_i ||v_i|| over the whole cache, rounded up, from the index's distances to the
+  /// value centre (+inf when a value overflowed them).
+  static double value_norm_max(const key_index& idx, std::size_t n) noexcept {
+    if (!idx.overflow_tokens().empty()) return std::numeric_limits<double>::infinity();
+    double g2 = 0.0;
+    for (float x : idx.value_center()) g2 += double(x) * double(x);
+    return (std::sqrt(g2) + idx.value_distance_max(n)) * (1.0 + 0x1p-40);
   }
 
   // ---- the call, stage by stage -------------------------------------------------------
@@ -759,11 +799,12 @@ struct detail_attend {
     if (ws.record_) ws.recorded_.assign(group, {});
     stats.tokens = n;
     stats.pool = pool_end;
-    if (history) level_hints = history->levels();
+    // The history's hints only where they are independent of this call's perturbations.
+    if (history) level_hints = history->hints_for(nk);
     // Routing: a group whose sparse cost estimate exceeds the dense kernel's is answered
     // by the dense kernel (until a probe is due), before any stage reads the index.
     if (pool_end > 0 && history && history->routes_dense(user_opt)) {
-      route_dense(kv, queries, group, scale, out, certs, ws, which);
+      route_dense(kv, idx, queries, group, user_opt, scale, out, certs, ws, which);
       history->record_dense();
       return;
     }
@@ -778,6 +819,9 @@ struct detail_attend {
     detail::stage_clock clock{ws.time_stages_};
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     for (std::size_t i = 0; i < d; ++i) ws.center_[i] = radius.center_at(i);
+    ws.center_norm_ = 0.0;
+    for (std::size_t i = 0; i < d; ++i) ws.center_norm_ += ws.center_[i] * ws.center_[i];
+    ws.center_norm_ = std::sqrt(ws.center_norm_);
     ws.design_ = make_sampling_design(opt, idx.reach_floor(), idx.value_distance_max(pool_end),
                                       idx.value_center());
     ws.dist_ = idx.value_distances();
@@ -858,10 +902,19 @@ struct detail_attend {
       } else if (pool_end == xs.size()) {  // no pool: window and exact set are everything
         for (std::size_t i = 0; i < d; ++i)
           o[i] = float(radius.center_at(i) + window_num[i] / window_weight);
-        cert.certified = cert.exact = true;
+        cert.exact = true;
         cert.path = answer_path::kNoPool;
         cert.max_score = ws.head_max_[g];
         cert.denominator = unshift(window_weight, ws.head_c_[g], ws.head_max_[g], top);
+        // Exact attention in double around the centre g: certified when its rounding
+        // bound meets epsilon (rounding.hpp).
+        exact_rounding r;
+        r.head_dim = d;
+        r.eta = double_path_eta(n, score_magnitude(q, d, scale, idx) + grid_shift(top));
+        r.value_scale = std::sqrt(ws.window_sq_[g] / window_weight);
+        r.center_norm = ws.center_norm_;
+        r.spread = value_scale_upper(r) + r.center_norm;
+        certify_exact_answer(r, output_norm(o, d), cert.denominator, user_opt, cert);
         done = true;
       } else {
         const int first_last = first_pass_levels(opt);
@@ -946,7 +999,8 @@ struct detail_attend {
     }
     std::size_t exact_pass_bytes = 0;
     if (exact_count > 0) {
-      exact_heads(kv, queries.data(), scale, exact_count, out.data(), ws, which);
+      exact_heads(kv, idx, queries.data(), scale, exact_count, out.data(), ws, which, false,
+                  std::numeric_limits<double>::infinity());
       for (std::size_t i = 0; i < exact_count; ++i) {
         certificate& cert = certs[ws.exact_heads_[i]];
         cert.denominator = ws.window_weight_[ws.exact_heads_[i]];
@@ -974,14 +1028,17 @@ struct detail_attend {
     stats.dense_bytes = 2 * n * d * sizeof(T);
     if (history) {
       const double cost = user_opt.cost.predicted(stats.sampled, n) + (exact_count > 0 ? 1.0 : 0.0);
-      history->record_sparse(cost, std::span<const int>(ws.head_levels_.data(), group));
+      history->record_sparse(cost, std::span<const int>(ws.head_levels_.data(), group), nk);
     }
   }
 
-  /// The whole group by the dense kernel (group_history routed it): exact, certified.
+  /// The whole group by the dense kernel (group_history routed it): exact attention, with
+  /// the certificate its rounding allows (rounding.hpp): the float kernel's bound where it
+  /// meets epsilon, else the head again on the double path, else not certified.
   template <kv_view KV>
-  static void route_dense(const KV& kv, std::span<const float> queries, std::size_t group,
-                          double scale, std::span<float> out, std::span<certificate> certs,
+  static void route_dense(const KV& kv, const key_index& idx, std::span<const float> queries,
+                          std::size_t group, const options& opt, double scale,
+                          std::span<float> out, std::span<certificate> certs,
                           attend_workspace& ws, isa which) {
     using T = typename KV::element_type;
     const std::size_t n = kv.size(), d = kv.head_dim();
@@ -990,21 +1047,39 @@ struct detail_attend {
       ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
       if (ws.record_) ws.recorded_[g].clear();
     }
-    exact_heads(kv, queries.data(), scale, group, out.data(), ws, which);
+    const double vmax = value_norm_max(idx, n);
+    exact_heads(kv, idx, queries.data(), scale, group, out.data(), ws, which, false, vmax);
     group_stats& stats = ws.stats_;
     stats.keys_read = stats.values_read = n;
     stats.routed = group;
     stats.dense_bytes = stats.bytes_read = 2 * n * d * sizeof(T);
+    std::size_t redo = 0;  // heads whose float bound missed epsilon, for the double path
     for (std::size_t g = 0; g < group; ++g) {
       certificate& cert = certs[g];
       cert = {};
-      cert.certified = cert.exact = true;
+      cert.exact = true;
       cert.path = answer_path::kRouted;
       cert.max_score = ws.head_max_[g];
       cert.denominator = ws.window_weight_[g];
       cert.keys_read = cert.values_read = n;
-      cert.bytes_read = stats.bytes_read / group;
+      certify_exact_answer(ws.exact_rounding_[g], output_norm(out.data() + g * d, d),
+                           cert.denominator, opt, cert);
+      if (!cert.certified && !std::isnan(ws.exact_rounding_[g].value_scale)) continue;
+      if (!cert.certified) ws.exact_heads_[redo++] = std::uint32_t(g);
     }
+    if (redo > 0) {
+      exact_heads(kv, idx, queries.data(), scale, redo, out.data(), ws, which, true, vmax);
+      stats.bytes_read += redo * 2 * n * d * sizeof(T);  // the double path: a pass per head
+      for (std::size_t i = 0; i < redo; ++i) {
+        const std::size_t g = ws.exact_heads_[i];
+        certificate& cert = certs[g];
+        cert.max_score = ws.head_max_[g];
+        cert.denominator = ws.window_weight_[g];
+        certify_exact_answer(ws.exact_rounding_[g], output_norm(out.data() + g * d, d),
+                             cert.denominator, opt, cert);
+      }
+    }
+    for (std::size_t g = 0; g < group; ++g) certs[g].bytes_read = stats.bytes_read / group;
   }
 };
 

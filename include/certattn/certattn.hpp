@@ -14,6 +14,7 @@
 #include <certattn/perturb.hpp>
 #include <certattn/sampler.hpp>
 #include <certattn/certificate.hpp>
+#include <certattn/rounding.hpp>
 #include <certattn/value_bounds.hpp>
 #include <certattn/layout.hpp>
 #include <certattn/index.hpp>

@@ -1,13 +1,18 @@
 // What the certified call of one (layer, KV head) carries from one decoding step to the
 // next (docs/integration.md, "Routing"): the level each query head stopped at, which the
 // tight certificate spends most of delta around, and whether the sparse path lost to the
-// dense kernel, which routes the next calls to the dense kernel. Everything here is fixed
-// before a call draws its perturbations (they are fresh at every step), so no decision
-// made from it can weaken a certificate: an exact answer is always valid.
+// dense kernel, which routes the next calls to the dense kernel. A level hint is valid only
+// if it was fixed before the perturbations it is used with were drawn: the history keeps
+// the noise key of the calls that produced its hints and hands them out only to a strictly
+// later step of the same (layer, KV head, sequence), whose perturbations are independent
+// of theirs; any other call (a retried or repeated step, a step back after a truncation,
+// another layer or sequence) gets no hints, i.e. the uniform split of delta. Routing only
+// chooses exact answers, which hold whatever chose them.
 #pragma once
 
 #include <certattn/common.hpp>
 #include <certattn/options.hpp>
+#include <certattn/perturb.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +44,20 @@ class group_history {
   std::size_t group() const noexcept { return levels_.size(); }
   /// The level each head stopped at in the last sparse call (-1: none yet, or exact).
   std::span<const int> levels() const noexcept { return levels_; }
+  /// Whether levels() came from calls of this history (false before the first sparse
+  /// call and after reset()), and the noise key of the latest of them: its layer, KV head
+  /// and sequence, and the largest step among the calls that produced levels().
+  bool has_hints() const noexcept { return has_key_; }
+  const noise_key& hint_key() const noexcept { return key_; }
+  /// The level hints a call with noise key `nk` may use: levels() when they were produced
+  /// at steps strictly before nk.step of the same (layer, KV head, sequence), so that they
+  /// are independent of nk's perturbations; empty (no hints: the uniform split) otherwise.
+  std::span<const int> hints_for(const noise_key& nk) const noexcept {
+    if (!has_key_ || nk.layer != key_.layer || nk.kv_head != key_.kv_head ||
+        nk.sequence != key_.sequence || !(nk.step > key_.step))
+      return {};
+    return levels_;
+  }
   /// The cost model's prediction for the last sparse call, relative to the dense kernel
   /// (options::cost; a head answered exactly adds 1); NaN before the first sparse call.
   double last_cost() const noexcept { return cost_; }
@@ -59,15 +78,27 @@ class group_history {
   /// Forget everything (a new sequence in the same slot).
   void reset() noexcept {
     std::fill(levels_.begin(), levels_.end(), -1);
+    has_key_ = false;
+    key_ = {};
     cost_ = estimate_ = std::numeric_limits<double>::quiet_NaN();
     dense_streak_ = 0;
     probe_interval_ = kFirstProbeInterval;
   }
 
-  /// Called by attend_group() after a sparse call: `cost` its prediction (see last_cost()),
-  /// `levels[g]` the level head g stopped at (-1 when answered exactly: its hint is kept).
-  void record_sparse(double cost, std::span<const int> levels) noexcept {
+  /// Called by attend_group() after a sparse call with noise key `nk`: `cost` its
+  /// prediction (see last_cost()), `levels[g]` the level head g stopped at (-1 when
+  /// answered exactly: its hint is kept). A call of another (layer, KV head, sequence)
+  /// starts the hints afresh; one of the same keeps the largest step seen, so that no
+  /// later hint goes to a step at or before any call that produced it.
+  void record_sparse(double cost, std::span<const int> levels, const noise_key& nk) noexcept {
     const bool probe = dense_streak_ > 0;
+    const bool same = has_key_ && nk.layer == key_.layer && nk.kv_head == key_.kv_head &&
+                      nk.sequence == key_.sequence;
+    if (!same) std::fill(levels_.begin(), levels_.end(), -1);
+    const std::uint64_t step = same ? std::max(key_.step, nk.step) : nk.step;
+    key_ = nk;
+    key_.step = step;
+    has_key_ = true;
     for (std::size_t g = 0; g < levels_.size() && g < levels.size(); ++g)
       if (levels[g] >= 0) levels_[g] = levels[g];
     estimate_ = probe || std::isnan(estimate_) ? cost : 0.5 * (estimate_ + cost);
@@ -85,6 +116,8 @@ class group_history {
 
  private:
   std::vector<int> levels_;
+  noise_key key_{};
+  bool has_key_ = false;
   double cost_ = std::numeric_limits<double>::quiet_NaN();
   double estimate_ = std::numeric_limits<double>::quiet_NaN();
   std::uint32_t dense_streak_ = 0;

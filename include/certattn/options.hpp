@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -97,6 +98,12 @@ struct cost_model {
 
 /// Options of a certified call. A plain struct: set what you need, keep the defaults.
 struct options {
+  /// The smallest epsilon a call accepts, 2^-20 (about 9.5e-7). Outputs are float32,
+  /// whose rounding alone moves o by up to 2^-24 ||o||; below 16 times that, no
+  /// certificate could be met by an honest bound on any path (docs/certificate.md,
+  /// "Rounding").
+  static constexpr double kMinEpsilon = 0x1p-20;
+
   double epsilon = 0.1;                         // target error, relative to `scale`
   double delta = 0.05;                          // failure probability per call and head
   error_scale scale = error_scale::kValueScale;
@@ -134,7 +141,8 @@ struct options {
   int total_levels() const noexcept { return max_levels + coarse_levels(); }
 
   /// The rows read exactly at every call: the newest min(window, n_tokens). A cache no
-  /// longer than the window has no pool: the call is exact attention, certified as such.
+  /// longer than the window has no pool: the call is exact attention, certified by its
+  /// rounding bound (rounding.hpp).
   std::size_t effective_window(std::size_t n_tokens) const noexcept {
     return window < n_tokens ? window : n_tokens;
   }
@@ -159,6 +167,13 @@ inline options shifted_grid(const options& o) noexcept {
 inline void validate(const options& o) {
   if (!(o.epsilon > 0.0) || !std::isfinite(o.epsilon))
     throw error("options.epsilon must be finite and > 0, got " + std::to_string(o.epsilon));
+  if (!(o.epsilon >= options::kMinEpsilon)) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.3g is below options::kMinEpsilon = 2^-20 = %.3g",
+                  o.epsilon, options::kMinEpsilon);
+    throw error(std::string("options.epsilon = ") + buf +
+                ": float32 outputs round by up to 2^-24 of their norm, so no bound could meet it");
+  }
   if (!(o.delta > 0.0 && o.delta < 1.0))
     throw error("options.delta must lie in (0, 1), got " + std::to_string(o.delta));
   if (o.grid_ratio < 1 || o.grid_ratio > 64)
@@ -199,7 +214,7 @@ inline void validate_shape(const options& /*o*/, std::size_t n_tokens, std::size
 /// How a call answered one query head.
 enum class answer_path : std::uint8_t {
   kSampled,     // a certified level of the sparse path
-  kNoPool,      // the cache is no longer than the window (plus the exact set): exact
+  kNoPool,      // the cache is no longer than the window (plus the exact set): exact, in double
   kFallback,    // no level certified: exact attention
   kOverBudget,  // the group's sample outgrew sample_budget() before this head certified: exact
   kJoined,      // an earlier head of the group needed the exact pass: this one joined it
@@ -233,10 +248,12 @@ inline std::size_t sample_budget(const options& o, std::size_t tokens) noexcept 
 /// What a call reports for one query head.
 struct certificate {
   bool certified = false;       // true: error <= epsilon * scale with prob >= 1 - delta
-                                //   (also the exact paths kNoPool and kRouted; false for
+                                //   (the exact paths kNoPool and kRouted: when their
+                                //   rounding bound meets epsilon, rounding.hpp; false for
                                 //   kFallback, kOverBudget and kJoined: the sparse path
                                 //   gave up)
-  bool exact = false;           // true: the output is exact attention: error 0
+  bool exact = false;           // true: the output is exact attention, computed in float or
+                                //   double (its error is its rounding)
   answer_path path = answer_path::kSampled;  // which of the call's paths answered
   int level = -1;               // stopping level j, -1 when exact (0 = the coarsest)
   double tau = 0.0;             // its threshold, relative to the largest weight

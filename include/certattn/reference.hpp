@@ -9,6 +9,7 @@
 #include <certattn/history.hpp>
 #include <certattn/options.hpp>
 #include <certattn/perturb.hpp>
+#include <certattn/rounding.hpp>
 #include <certattn/sampler.hpp>
 #include <certattn/value_bounds.hpp>
 
@@ -244,8 +245,27 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
                   : joined                   ? answer_path::kJoined
                   : over_budget              ? answer_path::kOverBudget
                                              : answer_path::kFallback;
-  // An empty pool or a routed call: exact by design, certified with error 0.
-  res.cert.certified = res.cert.path == answer_path::kNoPool || res.cert.path == answer_path::kRouted;
+  // An empty pool or a routed call: exact attention in double, certified when its rounding
+  // bound meets epsilon (rounding.hpp) as attend_group()'s double path decides: centred on
+  // g without a pool, uncentred when routed. (attend_group() answers a routed head with the
+  // float kernel first, whose bound is looser; where that one meets epsilon, so does this.)
+  if (res.cert.path == answer_path::kNoPool || res.cert.path == answer_path::kRouted) {
+    const bool centred = res.cert.path == answer_path::kNoPool;
+    double l1 = 0.0, kmax = 0.0, g2 = 0.0, o2 = 0.0;
+    for (const Q& x : q) l1 += std::fabs(double(float(x)));
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < d; ++i) kmax = std::max(kmax, std::fabs(to_double(keys(t, i))));
+    for (float x : center) g2 += double(x) * double(x);
+    for (double x : ex.output) o2 += double(float(x)) * double(float(x));
+    const double magnitude = opt.effective_softmax_scale(d) * l1 * double(float(kmax));
+    exact_rounding r;
+    r.head_dim = d;
+    r.eta = double_path_eta(n, centred ? magnitude + grid_shift(top) : magnitude + std::fabs(c) * 0x1p-40);
+    r.value_scale = ex.value_scale;
+    r.center_norm = centred ? std::sqrt(g2) : 0.0;
+    r.spread = value_scale_upper(r) + r.center_norm;
+    certify_exact_answer(r, std::sqrt(o2), ex.denominator, opt, res.cert);
+  }
   res.cert.exact = true;
   res.cert.level = -1;
   res.cert.max_score = c;
@@ -260,8 +280,9 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
 /// query heads in call order, passing each what the earlier heads spent of
 /// sample_budget() and whether one of them needed the exact pass (so that the routing
 /// decisions are the fast path's). queries [group][head_dim]. Each head's level hint is
-/// level_hints[g] when given, else history->levels()[g] when extras.history is set, else
-/// extras.level_hint.
+/// level_hints[g] when given, else history->hints_for(nk)[g] when extras.history is set
+/// (none when the history's hints are not from a strictly earlier step of nk's layer, KV
+/// head and sequence: attend_group()'s rule), else extras.level_hint.
 template <class Q, cache_element T>
 inline std::vector<reference_result> reference_attend_group(
     std::span<const Q> queries, std::size_t group, matrix_view<T> keys, matrix_view<T> values,
@@ -280,8 +301,10 @@ inline std::vector<reference_result> reference_attend_group(
     reference_extras e = extras;
     if (!level_hints.empty())
       e.level_hint = level_hints[g];
-    else if (extras.history && extras.history->group() == group)
-      e.level_hint = extras.history->levels()[g];
+    else if (extras.history && extras.history->group() == group) {
+      const std::span<const int> hints = extras.history->hints_for(nk);
+      e.level_hint = hints.empty() ? -1 : hints[g];
+    }
     out.push_back(reference_attend(queries.subspan(g * d, d), keys, values, opt, nk, e));
     extras.group_spent += out.back().sample_size;
     const answer_path p = out.back().cert.path;

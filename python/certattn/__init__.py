@@ -6,7 +6,7 @@ view). Its last axis (head_dim) must be contiguous; token and head strides are f
 
     import certattn
     index = certattn.KeyIndex(k, v)              # k, v [n, d] or [kv_heads, n, d]
-    out, certs = certattn.attend(q, k, v, index, eps=0.1, seed=7, step=0)
+    out, certs = certattn.attend(q, k, v, index, eps=0.1, seed=7, step=0, layer=0)
     certs["certified"], certs["bound"], certs["keys_read"]
 
 See docs/python.md.
@@ -256,10 +256,10 @@ class KeyIndex:
 # --- calls ---------------------------------------------------------------------------------
 
 def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale",
-           certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0, step: int = 0, layer: int = 0,
-           kv_head: int = 0, sequence: int = 0, level_hints=None, history=None, routing: str = "auto", cost=None,
-           window: int = 64, grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6, threads: int = 1,
-           out=None):
+           certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0, step: int | None = None,
+           layer: int | None = None, kv_head: int = 0, sequence: int = 0, level_hints=None, history=None,
+           routing: str = "auto", cost=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
+           grid_top: int = 6, threads: int = 1, out=None):
     """Certified attention of one decoding step.
 
     One group: k, v [n, d] (one KV head), q [G, d] (or [d]); kv_head names the head in the
@@ -267,7 +267,11 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     (query head h*G + g belongs to KV head h); ``threads`` KV heads run in parallel.
     q is unscaled (softmax_scale 0 means 1/sqrt(head_dim)). ``seed`` is fixed before
     generation, ``step`` advances every call (docs/integration.md, "Perturbation seeds and steps");
-    ``sequence`` separates concurrent sequences under one seed (0: none).
+    ``layer`` names the layer (one id per layer); ``sequence`` separates concurrent sequences
+    under one seed (0: none). ``step`` and ``layer`` are required when the call uses the
+    index's histories (the default): a default step would repeat the perturbations of every
+    call of a decode loop, and one layer id for every layer would reuse them across layers
+    (docs/python.md, "Steps, layers and histories"). Without a history they default to 0.
 
     ``routing``: "auto" (default) answers exactly where the sparse path would cost more than
     the dense kernel; "off" always samples. ``cost``: the cost model's (fixed, per_key,
@@ -292,6 +296,13 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     if history is True and level_hints is not None:
         raise ValueError("level_hints and history=True exclude each other (the history carries the hints)")
     use_history = level_hints is None and history is not False
+    if use_history and (step is None or layer is None):
+        missing = " and ".join(name for name, value in (("step", step), ("layer", layer)) if value is None)
+        raise TypeError(f"attend: {missing} must be given when the call uses the index's histories (the default): "
+                        "the step advances every decoding step and each layer has its own id, so that no call "
+                        "reuses the perturbations its hints came from; pass history=False for a one-off call")
+    step = 0 if step is None else step
+    layer = 0 if layer is None else layer
     hints = None
     if level_hints is not None:
         hints = np.asarray(level_hints)

@@ -3,6 +3,7 @@ the certificates' guarantee on synthetic caches, bad inputs, and torch against N
 
 Every random input comes from a fixed seed, so a run is deterministic; the statistical
 test states the probability with which it would fail under the guarantee."""
+import functools
 import math
 import threading
 import time
@@ -12,6 +13,9 @@ import pytest
 
 import certattn
 from conftest import synthetic_cache
+
+# One-off calls with histories name their step and layer (docs/python.md).
+attend0 = functools.partial(certattn.attend, step=0, layer=0)
 
 torch = pytest.importorskip("torch")
 
@@ -117,7 +121,7 @@ def test_certified_error_within_bound_per_call():
     index = certattn.KeyIndex(k, v)
     viol = calls = 0
     for s in range(4):
-        out, certs = certattn.attend(q[s], k, v, index, eps=0.1, seed=5, step=s)
+        out, certs = certattn.attend(q[s], k, v, index, eps=0.1, seed=5, step=s, layer=0)
         exact, info = certattn.exact_attention(q[s], k, v)
         err = np.linalg.norm(out - exact, axis=-1) / info["value_scale"]
         viol += int(((err > 0.1) & certs["certified"]).sum())
@@ -159,31 +163,31 @@ def bad_cases(good):
         "k transposed": (ValueError, lambda: certattn.KeyIndex(k.T, v.T)),
         "k reversed": (ValueError, lambda: certattn.KeyIndex(k[::-1], v[::-1])),
         "k big-endian": (TypeError, lambda: certattn.KeyIndex(k.astype(">f2"), v.astype(">f2"))),
-        "q NaN": (ValueError, lambda: certattn.attend(nan_q, k, v, idx)),
-        "q int": (TypeError, lambda: certattn.attend(q.astype(np.int32), k, v, idx)),
-        "q wrong head_dim": (ValueError, lambda: certattn.attend(q[:, :16], k, v, idx)),
-        "q 3-D for one head": (ValueError, lambda: certattn.attend(q[None], k, v, idx)),
-        "q huge": (ValueError, lambda: certattn.attend(q * 1e30, k, v, idx)),
-        "index is not a KeyIndex": (TypeError, lambda: certattn.attend(q, k, v, "index")),
-        "cache grew without append": (ValueError, lambda: certattn.attend(q, longer_k, longer_v, idx)),
-        "cache of another dtype": (TypeError, lambda: certattn.attend(q, k.astype(np.float32), v.astype(np.float32), idx)),
-        "layer cache, head index": (ValueError, lambda: certattn.attend(q[None], k[None], v[None], idx)),
-        "eps 0": (ValueError, lambda: certattn.attend(q, k, v, idx, eps=0)),
-        "eps NaN": (ValueError, lambda: certattn.attend(q, k, v, idx, eps=float("nan"))),
-        "eps string": (TypeError, lambda: certattn.attend(q, k, v, idx, eps="0.1")),
-        "delta 1": (ValueError, lambda: certattn.attend(q, k, v, idx, delta=1.0)),
-        "unknown scale": (ValueError, lambda: certattn.attend(q, k, v, idx, scale="l2")),
-        "unknown certificate": (ValueError, lambda: certattn.attend(q, k, v, idx, certificate="loose")),
-        "window > 64": (ValueError, lambda: certattn.attend(q, k, v, idx, window=65)),
-        "max_levels too many": (ValueError, lambda: certattn.attend(q, k, v, idx, max_levels=5000)),
-        "negative step": (ValueError, lambda: certattn.attend(q, k, v, idx, step=-1)),
-        "float step": (TypeError, lambda: certattn.attend(q, k, v, idx, step=1.5)),
-        "seed too large": (ValueError, lambda: certattn.attend(q, k, v, idx, seed=2**64)),
-        "layer too large": (ValueError, lambda: certattn.attend(q, k, v, idx, layer=2**32)),
-        "hints wrong count": (ValueError, lambda: certattn.attend(q, k, v, idx, level_hints=[1, 2])),
-        "hints float": (TypeError, lambda: certattn.attend(q, k, v, idx, level_hints=[0.5] * 4)),
-        "out wrong size": (ValueError, lambda: certattn.attend(q, k, v, idx, out=np.zeros(3, np.float32))),
-        "out wrong dtype": (ValueError, lambda: certattn.attend(q, k, v, idx, out=np.zeros((4, 32)))),
+        "q NaN": (ValueError, lambda: attend0(nan_q, k, v, idx)),
+        "q int": (TypeError, lambda: attend0(q.astype(np.int32), k, v, idx)),
+        "q wrong head_dim": (ValueError, lambda: attend0(q[:, :16], k, v, idx)),
+        "q 3-D for one head": (ValueError, lambda: attend0(q[None], k, v, idx)),
+        "q huge": (ValueError, lambda: attend0(q * 1e30, k, v, idx)),
+        "index is not a KeyIndex": (TypeError, lambda: attend0(q, k, v, "index")),
+        "cache grew without append": (ValueError, lambda: attend0(q, longer_k, longer_v, idx)),
+        "cache of another dtype": (TypeError, lambda: attend0(q, k.astype(np.float32), v.astype(np.float32), idx)),
+        "layer cache, head index": (ValueError, lambda: attend0(q[None], k[None], v[None], idx)),
+        "eps 0": (ValueError, lambda: attend0(q, k, v, idx, eps=0)),
+        "eps NaN": (ValueError, lambda: attend0(q, k, v, idx, eps=float("nan"))),
+        "eps string": (TypeError, lambda: attend0(q, k, v, idx, eps="0.1")),
+        "delta 1": (ValueError, lambda: attend0(q, k, v, idx, delta=1.0)),
+        "unknown scale": (ValueError, lambda: attend0(q, k, v, idx, scale="l2")),
+        "unknown certificate": (ValueError, lambda: attend0(q, k, v, idx, certificate="loose")),
+        "window > 64": (ValueError, lambda: attend0(q, k, v, idx, window=65)),
+        "max_levels too many": (ValueError, lambda: attend0(q, k, v, idx, max_levels=5000)),
+        "negative step": (ValueError, lambda: attend0(q, k, v, idx, step=-1)),
+        "float step": (TypeError, lambda: attend0(q, k, v, idx, step=1.5)),
+        "seed too large": (ValueError, lambda: attend0(q, k, v, idx, seed=2**64)),
+        "layer too large": (ValueError, lambda: attend0(q, k, v, idx, layer=2**32)),
+        "hints wrong count": (ValueError, lambda: attend0(q, k, v, idx, level_hints=[1, 2])),
+        "hints float": (TypeError, lambda: attend0(q, k, v, idx, level_hints=[0.5] * 4)),
+        "out wrong size": (ValueError, lambda: attend0(q, k, v, idx, out=np.zeros(3, np.float32))),
+        "out wrong dtype": (ValueError, lambda: attend0(q, k, v, idx, out=np.zeros((4, 32)))),
         "append shorter cache": (ValueError, lambda: idx.append(k[:100], v[:100])),
         "append NaN": (ValueError, lambda: certattn.KeyIndex(k[:500], v[:500]).append(nan_k[:, :] if False else np.concatenate([k[:500], nan_k[10:11]]), np.concatenate([v[:500], v[:1]]))),
         "truncate beyond size": (ValueError, lambda: idx.truncate(k, v, 600)),
@@ -207,7 +211,7 @@ def test_bad_inputs_raise(good):
         assert str(info.value), name
     # The index is intact after all of that.
     k, v, q, idx = good
-    out, certs = certattn.attend(q, k, v, idx)
+    out, certs = certattn.attend(q, k, v, idx, step=0, layer=0)
     assert len(idx) == 512 and np.isfinite(out).all()
 
 
@@ -235,8 +239,8 @@ def test_torch_equals_numpy(dtype):
     else:
         nk, nv, nq = tk.numpy().copy(), tv.numpy().copy(), tq.numpy().copy()
     ti, ni = certattn.KeyIndex(tk, tv), certattn.KeyIndex(nk, nv)
-    to, tc = certattn.attend(tq, tk, tv, ti, seed=3, step=1)
-    no, nc = certattn.attend(nq, nk, nv, ni, seed=3, step=1)
+    to, tc = certattn.attend(tq, tk, tv, ti, seed=3, step=1, layer=0)
+    no, nc = certattn.attend(nq, nk, nv, ni, seed=3, step=1, layer=0)
     assert isinstance(to, torch.Tensor) and isinstance(no, np.ndarray)
     assert np.array_equal(to.numpy(), no) and np.array_equal(tc, nc)
     assert np.array_equal(certattn.dense_attend(tq, tk, tv).numpy(), certattn.dense_attend(nq, nk, nv))
@@ -245,7 +249,7 @@ def test_torch_equals_numpy(dtype):
 
 def test_record_dtypes():
     k, v, q = synthetic_cache(300, 32, seed=2, steps=1)
-    _, certs = certattn.attend(q[0], k, v, certattn.KeyIndex(k, v))
+    _, certs = certattn.attend(q[0], k, v, certattn.KeyIndex(k, v), step=0, layer=0)
     _, info = certattn.exact_attention(q[0], k, v)
     assert certs.dtype == certattn.CERTIFICATE_DTYPE and info.dtype == certattn.EXACT_DTYPE
     assert certattn.CERTIFICATE_DTYPE.names == (
@@ -273,7 +277,7 @@ def test_strided_caches_read_in_place():
     buffer [capacity, kv_heads, d] seen as [kv_heads, n, d], give the contiguous result."""
     k, v, q = synthetic_cache(1000, 32, heads=2, seed=17, steps=1)
     ref_idx = certattn.KeyIndex(np.ascontiguousarray(k), np.ascontiguousarray(v))
-    ref, rc = certattn.attend(q[0], k, v, ref_idx, seed=1)
+    ref, rc = certattn.attend(q[0], k, v, ref_idx, seed=1, step=0, layer=0)
     hk = np.zeros((2, 1500, 32), np.float16)
     hv = np.zeros_like(hk)
     hk[:, :1000], hv[:, :1000] = k, v
@@ -283,7 +287,7 @@ def test_strided_caches_read_in_place():
     for kk, vv in ((hk[:, :1000], hv[:, :1000]), (nk[:1000].transpose(1, 0, 2), nv[:1000].transpose(1, 0, 2))):
         assert not kk.flags.c_contiguous
         idx = certattn.KeyIndex(kk, vv)
-        out, c = certattn.attend(q[0], kk, vv, idx, seed=1)
+        out, c = certattn.attend(q[0], kk, vv, idx, seed=1, step=0, layer=0)
         assert np.array_equal(out, ref) and np.array_equal(c, rc)
 
 
@@ -292,7 +296,7 @@ def test_torch_strided_views_read_in_place(dtype):
     k, v, q = synthetic_cache(1000, 32, heads=2, seed=18, steps=1)
     ck = torch.from_numpy(k.astype(np.float32)).to(dtype)
     cv = torch.from_numpy(v.astype(np.float32)).to(dtype)
-    ref, rc = certattn.attend(q[0], ck, cv, certattn.KeyIndex(ck, cv), seed=1)
+    ref, rc = certattn.attend(q[0], ck, cv, certattn.KeyIndex(ck, cv), seed=1, step=0, layer=0)
     hk = torch.zeros(2, 1500, 32, dtype=dtype)
     hv = torch.zeros_like(hk)
     hk[:, :1000], hv[:, :1000] = ck, cv
@@ -302,7 +306,7 @@ def test_torch_strided_views_read_in_place(dtype):
     for kk, vv in ((hk[:, :1000], hv[:, :1000]), (nk[:1000].transpose(0, 1), nv[:1000].transpose(0, 1))):
         assert not kk.is_contiguous()
         assert certattn._core.cache_address(certattn._cache(kk, "k")) == kk.data_ptr()
-        out, c = certattn.attend(q[0], kk, vv, certattn.KeyIndex(kk, vv), seed=1)
+        out, c = certattn.attend(q[0], kk, vv, certattn.KeyIndex(kk, vv), seed=1, step=0, layer=0)
         assert np.array_equal(out, ref) and np.array_equal(c, rc)
 
 
