@@ -33,6 +33,7 @@ struct speed_flags : grid_flags {
   std::vector<std::string> routings{"auto"};
   bool fit_cost = false;
   bool profile_stages = false;
+  bool block_occupancy = false;
 };
 
 struct speed_row : run_point {
@@ -44,8 +45,14 @@ struct speed_row : run_point {
   double certified_frac = 0, fallback_frac = 0, routed_frac = 0, over_budget_frac = 0;
   double sampled_per_head = 0;  // heavy + sampled light pool keys per query head (cost model)
   double dense_gbps = 0, read_gbps = 0, dense_bw_frac = 0;
+  // The certified call's time over the time its bytes take at the measured read bandwidth.
+  double floor_ratio = 0;
   bool profile_stages = false;
   double stage_ms[6] = {};  // per step, summed over heads (--profile-stages only)
+  bool block_occupancy = false;
+  // --block-occupancy: mean over sampled heads of the fraction of the pool's 128-token
+  // blocks (16-token sub-blocks) holding a candidate at the stopping level.
+  double block_occupancy_frac = 0, subblock_occupancy_frac = 0;
 };
 
 record to_record(const speed_row& r) {
@@ -66,11 +73,16 @@ record to_record(const speed_row& r) {
       {"over_budget_frac", r.over_budget_frac},
       {"sampled_per_head", r.sampled_per_head},
       {"dense_gbps", r.dense_gbps},
+      {"floor_ratio", r.floor_ratio},
       {"read_gbps", r.read_gbps},
       {"dense_bw_frac", r.dense_bw_frac},
   });
   if (r.profile_stages)
     for (int i = 0; i < 6; ++i) rec.push_back({std::string("stage_ms_") + kStageNames[i], r.stage_ms[i]});
+  if (r.block_occupancy) {
+    rec.push_back({"block_occupancy", r.block_occupancy_frac});
+    rec.push_back({"subblock_occupancy", r.subblock_occupancy_frac});
+  }
   return rec;
 }
 
@@ -94,7 +106,38 @@ struct step_result {
   std::size_t keys_read = 0, bytes_read = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
   std::size_t routed = 0, over_budget = 0, sampled = 0;
   double stage_s[6] = {};
+  // --block-occupancy: sampled heads counted, and their 128-token blocks and 16-token
+  // sub-blocks of the pool holding at least one candidate at the stopping level.
+  std::size_t occupancy_heads = 0;
+  double blocks_hit = 0, subblocks_hit = 0;
 };
+
+/// The fraction of the pool's 128-token blocks and 16-token sub-blocks that hold at least
+/// one candidate of a head at its stopping level: a token whose 4-bit bound, perturbed by
+/// E_up, reaches that level's threshold (what the candidate stage keeps for it).
+void add_block_occupancy(const attend_workspace& ws, std::span<const certificate> certs,
+                         const options& opt, step_result& r) {
+  if (ws.last_stats().routed > 0) return;
+  const std::span<const float> e_up = ws.last_perturbation_bounds();
+  const std::size_t pool = e_up.size();
+  if (pool == 0) return;
+  const std::size_t blocks = (pool + 127) / 128, subblocks = (pool + 15) / 16;
+  std::vector<std::uint8_t> hit(blocks), sub(subblocks);
+  for (std::size_t g = 0; g < certs.size(); ++g) {
+    const certificate& c = certs[g];
+    if (!c.certified || c.exact) continue;
+    const std::span<const float> u = ws.last_score_bounds(g);
+    const double reference = c.max_score + grid_shift(opt.top_halvings());
+    const double threshold = ln_tau(c.level, opt.grid_ratio);
+    std::fill(hit.begin(), hit.end(), 0);
+    std::fill(sub.begin(), sub.end(), 0);
+    for (std::size_t t = 0; t < pool; ++t)
+      if ((double(u[t]) - reference) + double(e_up[t]) >= threshold) hit[t / 128] = sub[t / 16] = 1;
+    r.blocks_hit += double(std::count(hit.begin(), hit.end(), 1)) / double(blocks);
+    r.subblocks_hit += double(std::count(sub.begin(), sub.end(), 1)) / double(subblocks);
+    ++r.occupancy_heads;
+  }
+}
 
 /// Dense attention over a token-major layer with a pool: one dense_attend_nhd_layer pass
 /// per thread over its own range of tokens (flash-decoding's split-K), then the partial
@@ -156,12 +199,13 @@ template <class ViewOf>
 std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const std::vector<key_index>& idx,
                                    const std::vector<float>& queries, std::size_t group, const options& opt,
                                    std::size_t steps, thread_pool& pool, worker_scratch& ws,
-                                   const cache_flusher& flush, progress& prog, double units_per_step) {
+                                   const cache_flusher& flush, progress& prog, double units_per_step,
+                                   bool block_occupancy) {
   const std::size_t H = lc.heads(), d = lc.head_dim(), n = lc.tokens(), G = group;
   const std::size_t per_step = H * G * d;
   std::vector<float> out_dense(per_step), out_cert(per_step);
   std::vector<certificate> certs(H * G);
-  std::vector<group_history> history(H, group_history(G));
+  std::vector<group_history> history(H, group_history(G)), history_before;
   std::vector<group_stats> stats(H);
   nhd_dense_split nhd(pool.size(), n, H * G, d);
   std::vector<step_result> res(steps);
@@ -182,6 +226,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     }
     r.dense_s = seconds_since(t0);
 
+    if (block_occupancy) history_before = history;
     flush();
     t0 = bench_clock::now();
     pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
@@ -192,6 +237,18 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
       stats[h] = ws.attend[w].last_stats();
     });
     r.certified_s = seconds_since(t0);
+    if (block_occupancy) {  // untimed: each group's call again, from the same history
+      attend_workspace& aw = ws.attend[0];
+      for (std::size_t h = 0; h < H; ++h) {
+        group_history before = history_before[h];
+        std::vector<certificate> again(G);
+        attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
+                     noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
+                     std::span<float>(out_cert.data() + h * G * d, G * d),
+                     std::span<certificate>(again), aw, before);
+        add_block_occupancy(aw, again, opt, r);
+      }
+    }
 
     for (std::size_t h = 0; h < H; ++h) {
       r.keys_read += stats[h].keys_read;
@@ -214,7 +271,7 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   speed_row row;
   std::vector<double> dense, cert, ratio;
   double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
-  double routed = 0, over_budget = 0, sampled = 0;
+  double routed = 0, over_budget = 0, sampled = 0, occ_heads = 0, occ_blocks = 0, occ_sub = 0;
   for (std::size_t s = warmup; s < all.size(); ++s) {
     const step_result& r = all[s];
     dense.push_back(r.dense_s);
@@ -229,6 +286,13 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
     over_budget += double(r.over_budget);
     sampled += double(r.sampled);
     for (int i = 0; i < 6; ++i) row.stage_ms[i] += 1e3 * r.stage_s[i];
+    occ_heads += double(r.occupancy_heads);
+    occ_blocks += r.blocks_hit;
+    occ_sub += r.subblocks_hit;
+  }
+  if (occ_heads > 0) {
+    row.block_occupancy_frac = occ_blocks / occ_heads;
+    row.subblock_occupancy_frac = occ_sub / occ_heads;
   }
   const double steps = double(dense.size()), calls = steps * double(H * G);
   row.reps = dense.size();
@@ -246,6 +310,8 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   row.dense_gbps = double(kv_bytes) / (row.dense_ms * 1e-3) * 1e-9;
   row.read_gbps = read_gbps;
   row.dense_bw_frac = row.dense_gbps / read_gbps;
+  const double floor_ms = row.bytes_read_frac * double(kv_bytes) / (read_gbps * 1e9) * 1e3;
+  row.floor_ratio = floor_ms > 0 ? row.certified_ms / floor_ms : 0.0;
   for (double& x : row.stage_ms) x /= steps;
   return row;
 }
@@ -289,7 +355,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   headers.push_back("<cert");
   headers.push_back("<route");
   for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "certified %",
-                        "exact %", "dense GB/s", "of read bw"})
+                        "exact %", "dense GB/s", "of read bw", "x floor"})
     headers.push_back(h);
   text_table table(headers);
   for (const speed_row& r : rows) {
@@ -309,6 +375,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     c.push_back(strf("%.1f", 100.0 * (r.routed_frac + r.over_budget_frac + r.fallback_frac)));
     c.push_back(strf("%.1f", r.dense_gbps));
     c.push_back(strf("%.0f%%", 100.0 * r.dense_bw_frac));
+    c.push_back(strf("%.2f", r.floor_ratio));
     table.add_row(c);
   }
   std::printf("\n");
@@ -319,7 +386,8 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       "group_stats.bytes_read / dense_bytes (K and V once); cert = tight (every step after the first hinted with "
       "the levels of the step before) or classic (the paper's).\nroute = options.route (auto: group_history "
       "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
-      "exact %% = query heads answered by exact attention (routed, over budget or fallback).\n",
+      "exact %% = query heads answered by exact attention (routed, over budget or fallback).\nx floor = cert ms / "
+      "(the call's bytes at the read bandwidth measured with as many threads): 1 is a call at its memory floor.\n",
       f.reps, f.kv_heads, f.group, f.head_dim);
 
   if (f.profile_stages) {
@@ -334,6 +402,18 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     }
     std::printf("\ncertified call by stage (--profile-stages): ms per step, summed over heads\n");
     stages.print(stdout);
+  }
+
+  if (f.block_occupancy) {
+    text_table occ({"context", "<layout", "thr", "<regime", "<cert", "<route", "blocks %", "sub-blocks %"});
+    for (const speed_row& r : rows)
+      occ.add_row({format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads),
+                   std::string(syn::to_string(r.regime)), std::string(to_string(r.certificate)),
+                   std::string(to_string(r.route)), strf("%.1f", 100.0 * r.block_occupancy_frac),
+                   strf("%.1f", 100.0 * r.subblock_occupancy_frac)});
+    std::printf("\n128-token blocks and 16-token sub-blocks of the pool holding at least one candidate at the "
+                "stopping level (--block-occupancy; mean over sampled heads and timed steps):\n");
+    occ.print(stdout);
   }
 
   std::vector<record> recs;
@@ -502,13 +582,14 @@ void run_speed(const speed_flags& f) {
                   opt.route = route;
                   const std::vector<step_result> res = lc.visit([&](auto view_of) {
                     return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
-                                     2.0 * double(n * H));
+                                     2.0 * double(n * H), f.block_occupancy);
                   });
                   speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
                   static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
                   row.certificate = cert;
                   row.route = route;
                   row.profile_stages = f.profile_stages;
+                  row.block_occupancy = f.block_occupancy;
                   rows.push_back(row);
                   if (route == routing::kOff)
                     for (std::size_t s = f.warmup; s < res.size(); ++s)
@@ -545,6 +626,9 @@ void add_speed_command(CLI::App& app) {
   cmd->add_flag("--fit-cost", f->fit_cost,
                 "fit the cost model (options.cost) by least squares over the steps run with --routing off (added "
                 "when missing) and print it");
+  cmd->add_flag("--block-occupancy", f->block_occupancy,
+                "after each timed step, run each group's call again (untimed) and report the fraction of the pool's "
+                "128-token blocks and 16-token sub-blocks holding a candidate at each sampled head's stopping level");
   cmd->add_flag("--profile-stages", f->profile_stages,
                 "time the certified call by stage (attend_workspace::time_stages) and print the stage table");
   cmd->callback([f] { run_speed(*f); });

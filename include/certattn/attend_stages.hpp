@@ -1,0 +1,1068 @@
+// The stages of the certified call for one GQA group (G query heads sharing one KV head),
+// in the order attend_stages::run() calls them, one function each:
+//   route          a group its history routes is answered by the dense kernel at once
+//   window         exact scores of the rows every head reads (the newest tokens and the
+//                  exact set: the classic certificate's value outliers, or values beyond
+//                  float's range), all G heads in one pass over the key rows
+//   scan           4-bit score bounds u_i >= s_i for every pool key and all G heads at once
+//   perturbations  E_up >= E_i for every pool key (with the value-aware offsets)
+//   max score      c = exact maximum over the keys whose bound can reach the best lower
+//                  bound, per head; then the window's value sums of all heads in one pass
+//   heads          per head: candidates (pool keys whose perturbed bound can reach the
+//                  deepest level, bucketed by earliest level), then the level loop: new
+//                  candidates refined with 8-bit codes, then exact 16-bit keys; heavy,
+//                  light or out; Horvitz-Thompson sums; the certificate of
+//                  docs/certificate.md
+//   exact answers  one dense pass for the heads no level certified (or over budget)
+//   accounting     bytes read, and what the group's history keeps
+// It computes exactly the samples of reference_attend() (same perturbations, same scores
+// bit for bit, same sets) while reading a small fraction of the cache. Internal: use
+// attend_group() (attend.hpp).
+#pragma once
+
+#include <certattn/arch/candidate_kernels.hpp>
+#include <certattn/arch/dispatch.hpp>
+#include <certattn/arch/refine_kernels.hpp>
+#include <certattn/arch/score_dot.hpp>
+#include <certattn/certificate.hpp>
+#include <certattn/dense.hpp>
+#include <certattn/history.hpp>
+#include <certattn/index.hpp>
+#include <certattn/layout.hpp>
+#include <certattn/options.hpp>
+#include <certattn/perturb.hpp>
+#include <certattn/rounding.hpp>
+#include <certattn/sampler.hpp>
+#include <certattn/scan.hpp>
+#include <certattn/workspace.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+#include <span>
+#include <vector>
+
+#include <certattn/arch/macros.hpp>
+
+namespace certattn::detail {
+
+/// The certified call's own kernels on one instruction set, chosen once per call from a
+/// table (select_attend_kernels(), as select_dense_kernel() chooses the dense kernel's), so
+/// that the stages call through it instead of branching on the ISA. The dot products, 8-bit
+/// refinements and value accumulations dispatch on `which` in their own headers
+/// (arch/score_dot.hpp, arch/refine_kernels.hpp).
+struct attend_kernels {
+  isa which = isa::kScalar;
+  void (*fill_exp1_upper)(std::uint64_t noise, std::size_t n, float* e) noexcept = nullptr;
+  void (*add_offsets_upper)(float* e, const float* off, std::size_t n) noexcept = nullptr;
+  std::size_t (*find_candidates)(const float* u, const float* e, std::size_t n,
+                                 const candidate_params& p, std::uint32_t* idx,
+                                 std::uint8_t* lvl) noexcept = nullptr;
+  float (*prepare_refine_block)(const float* q, const float* lo, const float* st,
+                                std::size_t padded_dim, float* a) noexcept = nullptr;
+};
+
+inline attend_kernels select_attend_kernels(isa which) noexcept {
+  attend_kernels k{which, &fill_exp1_upper_portable, &add_offsets_upper_portable,
+                   &find_candidates_portable, &prepare_refine_block};
+#if CERTATTN_X86
+  if (which == isa::kAvx512Vnni) {
+    k.fill_exp1_upper = &fill_exp1_upper_avx512;
+    k.add_offsets_upper = &add_offsets_upper_avx512;
+    k.find_candidates = &find_candidates_avx512;
+    k.prepare_refine_block = &prepare_refine_block_avx512;
+  }
+#endif
+  return k;
+}
+
+/// What one call fixes before its stages run, and every stage reads.
+struct call_context {
+  const options& user;                // the options as given (epsilon, routing, cost)
+  options opt;                        // on the shifted grid: levels 0..total_levels(),
+                                      // weights relative to c + shift (shifted_grid())
+  int top = 0;                        // user.top_halvings()
+  std::size_t group = 0, n = 0, d = 0, dp = 0;  // heads, tokens, head_dim, padded head_dim
+  std::size_t pool_end = 0;           // the pool is [0, pool_end), the window after it
+  double scale = 0.0;                 // the softmax scale
+  perturbation pert;                  // this call's Exp(1) perturbations
+  std::span<const std::uint32_t> xs;  // the exact set inside the pool
+  value_radius radius;                // the index's value centre g and radius base
+  double center_norm = 0.0;           // ||g||
+  sampling_design design;             // how light keys are sampled (certificate.hpp)
+  const float* dist = nullptr;        // the index's ||v_t - g|| bounds, per token
+  attend_kernels kernels;
+  std::size_t budget = 0;             // sample_budget() of the group
+  std::span<const int> hints;         // [group] level hints, or empty
+
+  std::size_t window() const noexcept { return n - pool_end; }
+  /// Rows every head reads exactly: the window and the exact set.
+  std::size_t fixed_rows() const noexcept { return window() + xs.size(); }
+  bool has_pool() const noexcept { return pool_end > xs.size(); }
+  std::size_t pool_blocks() const noexcept {
+    return (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
+  }
+};
+
+/// The exact part of a head's estimate: window, exact set and heavy keys (level_sums'
+/// exact_weight and exact_sq; the vector sum lives in the workspace).
+struct exact_sums {
+  double weight = 0.0, sq = 0.0;
+  std::size_t heavy = 0;  // heavy pool keys (the window and exact set are not counted)
+  void add_heavy(double w, double v_sq) noexcept {
+    ++heavy;
+    weight += w;
+    sq += w * v_sq;
+  }
+};
+
+/// One sampled light key's terms in the certificate's sums: its weight kappa, exact weight
+/// w, ||v - g||^2 / rho, ||v - g||^2 and ||v||^2.
+struct light_term {
+  double kappa = 0.0, w = 0.0, per_reach = 0.0, centered_sq = 0.0, sq = 0.0;
+};
+
+/// The light keys' running sums (level_sums' light part without its vector): a key adds
+/// its terms when it is sampled light and removes them when it turns heavy, as
+/// FlashInfer's state_t merges and splits softmax states.
+struct light_sums {
+  std::size_t count = 0;
+  double sq = 0.0, mass = 0.0, h = 0.0, hw = 0.0, t = 0.0;
+  void add(const light_term& x) noexcept {
+    ++count;
+    sq += x.centered_sq;
+    mass += x.kappa;
+    h += x.kappa * x.per_reach;
+    hw += x.w * x.per_reach;
+    t += x.kappa * x.sq;
+  }
+  void remove(const light_term& x) noexcept {
+    --count;
+    sq -= x.centered_sq;
+    mass -= x.kappa;
+    h -= x.kappa * x.per_reach;
+    hw -= x.w * x.per_reach;
+    t -= x.kappa * x.sq;
+    if (count == 0) mass = h = hw = t = 0.0;  // no rounding residue where the sums are empty
+  }
+};
+
+/// One head's level loop: its running sums and what it read.
+struct head_state {
+  std::size_t g = 0;
+  exact_sums exact;
+  light_sums light;
+  std::size_t keys_read = 0, values_read = 0, refined = 0;
+  std::int32_t free_node = 0;
+  /// Heavy and sampled light pool keys: what the head spends of sample_budget().
+  std::size_t sample_size() const noexcept { return exact.heavy + light.count; }
+};
+
+/// What the heads of one call share as they are answered in order.
+struct group_progress {
+  std::size_t spent = 0;        // pool keys the heads so far took into their samples
+  std::size_t exact_count = 0;  // heads answered exactly so far (ws.exact_heads_)
+};
+
+/// The stages of the certified call (see the top of this file).
+struct attend_stages {
+  using node = attend_workspace::node;
+  // Candidates sit at random places in the cache: every pass over them prefetches this
+  // many rows ahead, so that the misses overlap instead of queueing.
+  static constexpr std::size_t kPrefetchAhead = 16;
+  static void prefetch_rows(const void* p, std::size_t bytes) noexcept {
+    const char* c = static_cast<const char*>(p);
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+  }
+  /// Into L2 only: for rows known to be needed soon but not next (a later pass of this
+  /// level), so that their misses overlap the current pass without evicting its L1 data.
+  static void prefetch_rows_l2(const void* p, std::size_t bytes) noexcept {
+    const char* c = static_cast<const char*>(p);
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
+  }
+  static constexpr std::uint8_t kRefined = 1, kScored = 2;
+
+  /// acc += w (v - g) with g the value centre: the certificate's sums (level_sums).
+  template <class T>
+  static row_norms add_centered(const T* v, double w, double* acc, const call_context& cx,
+                                const attend_workspace& ws) noexcept {
+    return accumulate_centered_row(v, cx.d, w, ws.center_.data(), acc, cx.kernels.which);
+  }
+
+  // ---- the call, stage by stage -------------------------------------------------------
+  template <kv_view KV>
+  static void run(std::span<const float> queries, std::size_t group, const KV& kv,
+                  const key_index& idx, const noise_key& nk, const options& user_opt,
+                  std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                  std::span<const int> level_hints, group_history* history) {
+    // The history's hints only where they are independent of this call's perturbations.
+    if (history) level_hints = history->hints_for(nk);
+    const call_context cx = make_context(group, kv, idx, nk, user_opt, level_hints);
+    begin_stats(cx, ws);
+    if (cx.pool_end > 0 && history && history->routes_dense(user_opt)) {
+      route_dense(kv, idx, queries, cx, out, certs, ws);
+      history->record_dense();
+      return;
+    }
+    stage_clock clock{ws.time_stages_};
+    double* seconds = ws.stats_.stage_seconds;
+    prepare_queries(queries, cx, ws);
+    fixed_scores(kv, queries.data(), cx, ws);
+    clock.lap(seconds[0]);
+    if (cx.pool_end > 0) scan(idx, cx, ws);
+    clock.lap(seconds[1]);
+    perturbation_bounds(idx, cx, ws);
+    clock.lap(seconds[3]);
+    max_scores(kv, queries.data(), cx, ws);
+    fixed_sums(kv, cx, ws);
+    clock.lap(seconds[2]);
+    group_progress progress;
+    for (std::size_t g = 0; g < group; ++g)
+      answer_head(kv, idx, queries.data(), g, cx, progress, out, certs, ws, clock);
+    const std::size_t exact_pass_bytes = exact_answers(kv, idx, queries.data(), cx, progress,
+                                                       out, certs, ws);
+    clock.lap(seconds[5]);
+    account_bytes(kv, idx, cx, exact_pass_bytes, certs, ws);
+    if (history) {
+      const double cost = user_opt.cost.predicted(ws.stats_.sampled, cx.n) +
+                          (progress.exact_count > 0 ? 1.0 : 0.0);
+      history->record_sparse(cost, std::span<const int>(ws.head_levels_.data(), group), nk);
+    }
+  }
+
+  // ---- before the stages --------------------------------------------------------------
+  template <kv_view KV>
+  static call_context make_context(std::size_t group, const KV& kv, const key_index& idx,
+                                   const noise_key& nk, const options& user_opt,
+                                   std::span<const int> hints) noexcept {
+    const options opt = shifted_grid(user_opt);
+    const std::size_t n = kv.size(), d = kv.head_dim(), pool_end = n - opt.effective_window(n);
+    // The exact set inside the pool: read exactly, never sampled. The classic certificate's
+    // holds the value outliers; the tight one samples those by their reach and reads only
+    // the values whose distance overflowed float.
+    std::span<const std::uint32_t> xs = opt.certificate == certificate_kind::kClassic
+                                            ? idx.exact_tokens()
+                                            : idx.overflow_tokens();
+    xs = xs.first(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(pool_end)) -
+                              xs.begin()));
+    const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
+    double g2 = 0.0;
+    for (std::size_t i = 0; i < d; ++i) g2 += radius.center_at(i) * radius.center_at(i);
+    return call_context{
+        .user = user_opt,
+        .opt = opt,
+        .top = user_opt.top_halvings(),
+        .group = group,
+        .n = n,
+        .d = d,
+        .dp = (d + 7) / 8 * 8,
+        .pool_end = pool_end,
+        .scale = opt.effective_softmax_scale(d),
+        .pert = perturbation(opt.seed, nk),
+        .xs = xs,
+        .radius = radius,
+        .center_norm = std::sqrt(g2),
+        .design = make_sampling_design(opt, idx.reach_floor(), idx.value_distance_max(pool_end),
+                                       idx.value_center()),
+        .dist = idx.value_distances(),
+        .kernels = select_attend_kernels(active_isa()),
+        .budget = sample_budget(user_opt, n),
+        .hints = hints,
+    };
+  }
+
+  static void begin_stats(const call_context& cx, attend_workspace& ws) {
+    group_stats& stats = ws.stats_;
+    stats = {};
+    if (ws.record_) ws.recorded_.assign(cx.group, {});
+    stats.tokens = cx.n;
+    stats.pool = cx.pool_end;
+  }
+
+  /// The queries padded to a multiple of 8 channels (the scan's and the 8-bit stage's
+  /// rows), and the value centre in double (the certificate's sums are around it).
+  static void prepare_queries(std::span<const float> queries, const call_context& cx,
+                              attend_workspace& ws) noexcept {
+    const std::size_t d = cx.d, dp = cx.dp;
+    for (std::size_t g = 0; g < cx.group; ++g) {
+      std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
+      std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
+    }
+    for (std::size_t i = 0; i < d; ++i) ws.center_[i] = cx.radius.center_at(i);
+  }
+
+  // ---- stage: window ------------------------------------------------------------------
+  /// The token of row i of the fixed rows: the window, then the exact set.
+  static std::size_t fixed_token(const call_context& cx, std::size_t i) noexcept {
+    const std::size_t W = cx.window();
+    return i < W ? cx.pool_end + i : std::size_t(cx.xs[i - W]);
+  }
+
+  /// Scores of the rows every head reads exactly, the window and the exact set, for all G
+  /// heads in one pass over the key rows: [g][window, then set].
+  template <kv_view KV>
+  static void fixed_scores(const KV& kv, const float* q, const call_context& cx,
+                           attend_workspace& ws) noexcept {
+    using T = typename KV::element_type;
+    const std::size_t d = cx.d, F = cx.fixed_rows();
+    for (std::size_t i = 0; i < F; ++i) {
+      if (i + kPrefetchAhead < F) prefetch_rows(kv.key(fixed_token(cx, i + kPrefetchAhead)), d * sizeof(T));
+      const T* k = kv.key(fixed_token(cx, i));
+      for (std::size_t g = 0; g < cx.group; ++g)
+        ws.fixed_scores_[g * ws.fixed_stride_ + i] =
+            cx.scale * score_dot_fast(q + g * d, k, d, cx.kernels.which);
+    }
+  }
+
+  // ---- stage: scan --------------------------------------------------------------------
+  static void scan(const key_index& idx, const call_context& cx, attend_workspace& ws) noexcept {
+    scan_request r;
+    r.index = &idx;
+    r.queries = ws.qpad_.data();
+    r.nq = cx.group;
+    r.softmax_scale = cx.scale;
+    r.pool_end = cx.pool_end;
+    r.u = ws.u_.data();
+    r.u_stride = ws.u_stride_;
+    r.block_max = ws.block_max_.data();
+    r.block_stride = ws.block_stride_;
+    r.qa = ws.qa_.data();
+    r.prep = ws.prep_.data();
+    scan_score_bounds(r, cx.kernels.which);
+    // The exact set is read exactly: no head takes it as a candidate.
+    for (std::size_t g = 0; g < cx.group; ++g)
+      for (std::uint32_t t : cx.xs) ws.u_[g * ws.u_stride_ + t] = -std::numeric_limits<float>::infinity();
+  }
+
+  // ---- stage: perturbations -----------------------------------------------------------
+  /// E_up >= E_t for every pool token (shared by the G heads). Value-aware sampling adds
+  /// ln(rho_t / rho_bar) to every perturbed score: its float upper bound is folded into
+  /// E_up (rounded up), so that the candidate and 8-bit stages bound the perturbed score
+  /// unchanged.
+  static void perturbation_bounds(const key_index& idx, const call_context& cx,
+                                  attend_workspace& ws) noexcept {
+    cx.kernels.fill_exp1_upper(cx.pert.key(), cx.pool_end, ws.e_up_.data());
+    if (cx.design.value_aware)
+      cx.kernels.add_offsets_upper(ws.e_up_.data(), idx.sampling_offsets_upper(), cx.pool_end);
+  }
+
+  // ---- stage: max score ---------------------------------------------------------------
+  /// c of every head (the exact maximum score; head_max_) and the weights' reference
+  /// c + shift (head_c_).
+  template <kv_view KV>
+  static void max_scores(const KV& kv, const float* queries, const call_context& cx,
+                         attend_workspace& ws) noexcept {
+    for (std::size_t g = 0; g < cx.group; ++g) {
+      double window_max = -std::numeric_limits<double>::infinity();
+      for (std::size_t i = 0; i < cx.fixed_rows(); ++i)
+        window_max = std::max(window_max, ws.fixed_scores_[g * ws.fixed_stride_ + i]);
+      std::size_t keys_read = 0;
+      const double c = cx.pool_end > 0
+                           ? max_score(kv, queries + g * cx.d, cx, ws.u_.data() + g * ws.u_stride_,
+                                       ws.block_max_.data() + g * ws.block_stride_, window_max,
+                                       keys_read)
+                           : window_max;
+      ws.head_max_keys_[g] = keys_read;
+      ws.head_max_[g] = c;
+      ws.head_c_[g] = c + grid_shift(cx.top);
+    }
+  }
+
+  /// c = max_i s_i exactly: any key above the running lower bound has its bound above it.
+  template <kv_view KV>
+  static double max_score(const KV& kv, const float* q, const call_context& cx, const float* u,
+                          const float* block_max, double window_max,
+                          std::size_t& keys_read) noexcept {
+    const std::size_t pool_end = cx.pool_end, nb = cx.pool_blocks();
+    double lb = window_max;
+    auto exact = [&](std::size_t t) {
+      ++keys_read;
+      return cx.scale * score_dot_fast(q, kv.key(t), cx.d, cx.kernels.which);
+    };
+    // Seed with the key of the largest bound: usually the maximum itself.
+    std::size_t best_block = 0;
+    for (std::size_t b = 1; b < nb; ++b)
+      if (block_max[b] > block_max[best_block]) best_block = b;
+    if (nb > 0 && double(block_max[best_block]) >= lb) {
+      const std::size_t t0 = best_block * key_index::kBlockTokens;
+      const std::size_t t1 = std::min(pool_end, t0 + key_index::kBlockTokens);
+      std::size_t arg = t0;
+      for (std::size_t t = t0; t < t1; ++t)
+        if (u[t] > u[arg]) arg = t;
+      lb = std::max(lb, exact(arg));
+    }
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (double(block_max[b]) < lb) continue;
+      const std::size_t t0 = b * key_index::kBlockTokens;
+      const std::size_t t1 = std::min(pool_end, t0 + key_index::kBlockTokens);
+      for (std::size_t t = t0; t < t1; ++t)
+        if (double(u[t]) >= lb) lb = std::max(lb, exact(t));
+    }
+    return lb;
+  }
+
+  /// The window and exact-set sums of every head with its own c, in one pass over the
+  /// value rows (each row is read once for the G heads).
+  template <kv_view KV>
+  static void fixed_sums(const KV& kv, const call_context& cx, attend_workspace& ws) noexcept {
+    using T = typename KV::element_type;
+    const std::size_t d = cx.d, G = cx.group, F = cx.fixed_rows();
+    std::fill_n(ws.window_num_.begin(), G * d, 0.0);
+    std::fill_n(ws.window_weight_.begin(), G, 0.0);
+    std::fill_n(ws.window_sq_.begin(), G, 0.0);
+    for (std::size_t i = 0; i < F; ++i) {
+      if (i + kPrefetchAhead < F) prefetch_rows(kv.value(fixed_token(cx, i + kPrefetchAhead)), d * sizeof(T));
+      const T* v = kv.value(fixed_token(cx, i));
+      for (std::size_t g = 0; g < G; ++g) {
+        const double w = std::exp(ws.fixed_scores_[g * ws.fixed_stride_ + i] - ws.head_c_[g]);
+        ws.window_weight_[g] += w;
+        ws.window_sq_[g] += w * add_centered(v, w, ws.window_num_.data() + g * d, cx, ws).sq;
+      }
+    }
+  }
+
+  // ---- stage: heads -------------------------------------------------------------------
+  /// Head g: joins the exact pass (an earlier head needed it), exact attention without a
+  /// pool, or the level loop; then its own reads, and the exact pass's queue.
+  template <kv_view KV>
+  static void answer_head(const KV& kv, const key_index& idx, const float* queries,
+                          std::size_t g, const call_context& cx, group_progress& progress,
+                          std::span<float> out, std::span<certificate> certs,
+                          attend_workspace& ws, stage_clock& clock) {
+    group_stats& stats = ws.stats_;
+    head_state st;
+    st.g = g;
+    st.keys_read = cx.fixed_rows() + ws.head_max_keys_[g];
+    st.values_read = cx.fixed_rows();
+    certificate& cert = certs[g];
+    cert = {};
+    float* o = out.data() + g * cx.d;
+    bool done = false;
+    std::size_t candidates = 0;
+    if (cx.user.route == routing::kAuto && progress.exact_count > 0 && cx.has_pool()) {
+      cert.path = answer_path::kJoined;  // the exact pass reads every row anyway
+    } else if (!cx.has_pool()) {  // window and exact set are everything
+      no_pool_answer(idx, queries + g * cx.d, g, cx, o, cert, ws);
+      done = true;
+    } else {
+      // What this head may still sample.
+      const std::size_t head_budget = cx.budget - std::min(progress.spent, cx.budget);
+      done = level_loop(kv, idx, queries + g * cx.d, cx, head_budget, st, candidates, o, cert,
+                        ws, clock);
+      stats.sampled += st.sample_size();
+      progress.spent += st.sample_size();
+    }
+    clock.lap(stats.stage_seconds[4]);
+    stats.candidates += cx.has_pool() ? candidates : 0;
+    finish_head(kv, cx, done, st, cert, progress, ws);
+  }
+
+  /// Exact attention in double around the centre g, from the fixed rows' sums: certified
+  /// when its rounding bound meets epsilon (rounding.hpp).
+  static void no_pool_answer(const key_index& idx, const float* q, std::size_t g,
+                             const call_context& cx, float* o, certificate& cert,
+                             const attend_workspace& ws) noexcept {
+    const std::size_t d = cx.d;
+    const double window_weight = ws.window_weight_[g];
+    const double* window_num = ws.window_num_.data() + g * d;
+    for (std::size_t i = 0; i < d; ++i)
+      o[i] = float(cx.radius.center_at(i) + window_num[i] / window_weight);
+    cert.exact = true;
+    cert.path = answer_path::kNoPool;
+    cert.max_score = ws.head_max_[g];
+    cert.denominator = unshift(window_weight, ws.head_c_[g], ws.head_max_[g], cx.top);
+    exact_rounding r;
+    r.head_dim = d;
+    r.eta = double_path_eta(cx.n, score_magnitude(q, d, cx.scale, idx) + grid_shift(cx.top));
+    r.value_scale = std::sqrt(ws.window_sq_[g] / window_weight);
+    r.center_norm = cx.center_norm;
+    r.spread = value_scale_upper(r) + r.center_norm;
+    certify_exact_answer(r, output_norm(o, d), cert.denominator, cx.user, cert);
+  }
+
+  /// Head st.g's own reads (the shared part is added by account_bytes()), its stopping
+  /// level for the history, and, when no level certified, its place in the exact pass.
+  template <kv_view KV>
+  static void finish_head(const KV&, const call_context& cx, bool done, const head_state& st,
+                          certificate& cert, group_progress& progress,
+                          attend_workspace& ws) noexcept {
+    using T = typename KV::element_type;
+    group_stats& stats = ws.stats_;
+    const std::size_t g = st.g, exact_rows = cx.fixed_rows();  // rows shared by the group
+    cert.bytes_read = st.refined * cx.dp +
+                      (st.keys_read - exact_rows + st.values_read - exact_rows) * cx.d * sizeof(T);
+    stats.refined += st.refined;
+    stats.keys_read += st.keys_read - exact_rows;
+    stats.values_read += st.values_read - exact_rows;
+    ws.head_levels_[g] = done ? cert.level : -1;
+    if (done) {
+      cert.keys_read = st.keys_read;
+      cert.values_read = st.values_read;
+      return;
+    }
+    // Answered by the exact pass, with every other such head.
+    if (ws.record_) ws.recorded_[g].clear();
+    ws.exact_heads_[progress.exact_count++] = std::uint32_t(g);
+    if (cert.path == answer_path::kOverBudget || cert.path == answer_path::kJoined)
+      ++stats.over_budget;
+    else
+      cert.path = answer_path::kFallback;
+    cert.exact = true;
+    cert.level = -1;
+  }
+
+  /// The level loop of head st.g: levels from the coarsest, each one's new keys, then the
+  /// certificate; true when a level certified (o and cert filled), false when the head
+  /// goes to the exact pass (cert.path kOverBudget when its sample outgrew head_budget).
+  template <kv_view KV>
+  static bool level_loop(const KV& kv, const key_index& idx, const float* q,
+                         const call_context& cx, std::size_t head_budget, head_state& st,
+                         std::size_t& candidates, float* o, certificate& cert,
+                         attend_workspace& ws, stage_clock& clock) noexcept {
+    const options& opt = cx.opt;
+    const std::size_t g = st.g;
+    const float* qpad = ws.qpad_.data() + g * cx.dp;
+    const float* u = ws.u_.data() + g * ws.u_stride_;
+    const double c = ws.head_c_[g];
+    std::fill_n(ws.refine_ready_.begin(), cx.pool_blocks(), 0);
+    const int first_last = first_pass_levels(opt);
+    candidates = bucket_candidates(u, c, 0, first_last, cx, ws);
+    clock.lap(ws.stats_.stage_seconds[3]);
+    start_sums(g, cx, st, ws);
+    const int hint = cx.hints.empty() ? -1 : cx.hints[g];
+    for (int j = 0; j <= opt.max_levels; ++j) {
+      if (j == first_last + 1) {  // the deeper levels' candidates, now needed
+        candidates += bucket_candidates(u, c, j, opt.max_levels, cx, ws);
+        clock.lap(ws.stats_.stage_seconds[3]);
+      }
+      // New candidates of this level, then keys deferred to it, then light keys that
+      // turn heavy here.
+      process_level(kv, idx, q, qpad, c, j, cx, ws, st);
+      transitions(kv, j, c, cx, ws, st);
+      const double tau = tau_of(j, opt.grid_ratio);
+      const level_result lr =
+          certify(sums_of(st, tau, ws), cx.radius, cx.design, opt, j, hint, ws.o_hat_, ws.c0_);
+      if (lr.certified) {
+        for (std::size_t i = 0; i < cx.d; ++i) o[i] = float(ws.o_hat_[i]);
+        fill_sampled_certificate(lr, j, tau, st, cx, ws, cert);
+        return true;
+      }
+      if (st.sample_size() > head_budget) {
+        cert.path = answer_path::kOverBudget;
+        return false;
+      }
+    }
+    return false;
+  }
+
+  /// Empty node lists; the exact part starts as the fixed rows' sums, the light part empty.
+  static void start_sums(std::size_t g, const call_context& cx, head_state& st,
+                         attend_workspace& ws) noexcept {
+    std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
+    std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
+    std::copy_n(ws.window_num_.begin() + std::ptrdiff_t(g * cx.d), cx.d, ws.exact_num_.begin());
+    std::fill(ws.light_sum_.begin(), ws.light_sum_.end(), 0.0);
+    st.exact.weight = ws.window_weight_[g];
+    st.exact.sq = ws.window_sq_[g];
+  }
+
+  /// The level's sums for the certificate.
+  static level_sums sums_of(const head_state& st, double tau, const attend_workspace& ws) noexcept {
+    level_sums s;
+    s.tau = tau;
+    s.exact_weight = st.exact.weight;
+    s.exact_num = ws.exact_num_;
+    s.exact_sq = st.exact.sq;
+    s.light_count = st.light.count;
+    s.light_sum = ws.light_sum_;
+    s.light_sq = st.light.sq;
+    s.light_mass = st.light.mass;
+    s.light_h = st.light.h;
+    s.light_hw = st.light.hw;
+    s.light_t = st.light.t;
+    return s;
+  }
+
+  static void fill_sampled_certificate(const level_result& lr, int level, double tau,
+                                       const head_state& st, const call_context& cx,
+                                       const attend_workspace& ws, certificate& cert) noexcept {
+    const std::size_t g = st.g;
+    const double c = ws.head_c_[g], cmax = ws.head_max_[g];
+    cert.certified = true;
+    cert.level = level;
+    cert.tau = unshift(tau, c, cmax, cx.top);  // relative to the largest weight
+    cert.bound = lr.bound;
+    cert.beta = lr.beta;
+    cert.scale_value = lr.scale_value;
+    cert.max_score = cmax;
+    cert.denominator = unshift(lr.d_hat, c, cmax, cx.top);
+    cert.heavy = st.exact.heavy;
+    cert.sampled = st.light.count;
+  }
+
+  // ---- the level loop's parts ---------------------------------------------------------
+  /// Pool keys whose perturbed bound reaches ln tau_last, not already bucketed by an
+  /// earlier pass (levels below first), in buckets by earliest level.
+  static std::size_t bucket_candidates(const float* u, double c, int first, int last,
+                                       const call_context& cx, attend_workspace& ws) noexcept {
+    const options& opt = cx.opt;
+    candidate_params p;
+    p.c = std::nextafter(float(c), -INFINITY);  // below c: y only grows
+    // Each of the three float roundings errs by at most 2^-24 of its operand, all of
+    // which stay within |c| + 80 for any token that can reach ln tau_J >= -180; within
+    // |c| + 640 when E_up carries value-aware offsets (ln(rho / rho_bar) < 192 for float
+    // distances; an infinite one is stored as 2^64, and y then passes every threshold).
+    p.slack = float((std::fabs(c) + (cx.design.value_aware ? 1024.0 : 256.0)) * 0x1p-21);
+    p.threshold = float(ln_tau(last, opt.grid_ratio));
+    // A later pass keeps only what the earlier one (down to level first - 1) did not.
+    p.upper = first == 0 ? INFINITY : float(ln_tau(first - 1, opt.grid_ratio));
+    p.level_scale = float(-double(opt.grid_ratio) / std::numbers::ln2);
+    p.min_level = first;
+    p.max_level = last;
+    const std::size_t m = cx.kernels.find_candidates(u, ws.e_up_.data(), cx.pool_end, p,
+                                                     ws.cand_idx_.data(), ws.cand_lvl_.data());
+    // Counting sort by level (stable: tokens stay in order within a level).
+    const std::size_t J = std::size_t(opt.max_levels);
+    std::uint32_t* start = ws.bucket_start_.data();
+    std::fill(start, start + J + 3, 0u);
+    for (std::size_t i = 0; i < m; ++i) ++start[ws.cand_lvl_[i] + 1];
+    for (std::size_t j = 1; j <= J + 1; ++j) start[j] += start[j - 1];
+    // start[j] is now the beginning of bucket j; scatter with start[j] as the cursor.
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t j = ws.cand_lvl_[i];
+      ws.bucket_[start[j]++] = ws.cand_idx_[i];
+    }
+    // Shift back: after the scatter, start[j] is the end of bucket j = start of j + 1.
+    for (std::size_t j = J + 1; j > 0; --j) start[j] = start[j - 1];
+    start[0] = 0;
+    return m;
+  }
+
+  /// Candidates are bucketed lazily: first the levels most calls stop within, the
+  /// deeper ones only when a call gets there (their buckets are empty until then).
+  static int first_pass_levels(const options& opt) noexcept {
+    return std::min(opt.max_levels, 3 * opt.max_levels / 4);
+  }
+
+  /// This head's 8-bit preparation of block b (see arch/refine_kernels.hpp), made on
+  /// first use: a = q st8 (returned) and the offset C8 + margin.
+  static const float* refine_block(const key_index& idx, std::size_t b, const float* qpad,
+                                   const call_context& cx, attend_workspace& ws) noexcept {
+    const std::size_t dp = idx.padded_dim();
+    float* a = ws.refine_a_.data() + b * dp;
+    if (!ws.refine_ready_[b]) {
+      ws.refine_offset_[b] =
+          cx.kernels.prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
+      ws.refine_ready_[b] = 1;
+    }
+    return a;
+  }
+
+  static std::int32_t push(attend_workspace& ws, head_state& st, std::vector<std::int32_t>& head,
+                           std::size_t level, std::uint32_t token, double score,
+                           std::uint8_t stage) noexcept {
+    const std::int32_t k = st.free_node++;
+    node& nd = ws.nodes_[std::size_t(k)];
+    nd.token = token;
+    nd.score = score;
+    nd.stage = stage;
+    nd.next = head[level];
+    head[level] = k;
+    return k;
+  }
+
+  /// Token t's terms as a light key with exact weight w (its value row's norms nv).
+  static light_term light_terms_of(std::size_t t, double w, const row_norms& nv,
+                                   const call_context& cx) noexcept {
+    const float dist = cx.dist[t];
+    light_term x;
+    x.kappa = cx.design.weight(dist);
+    x.w = w;
+    x.per_reach = per_reach(nv.centered_sq, cx.design.reach(dist));
+    x.centered_sq = nv.centered_sq;
+    x.sq = nv.sq;
+    return x;
+  }
+
+  /// A sampled key's value enters the sums: heavy (exact weight) or light (weight kappa,
+  /// and queued for the level at which it turns heavy).
+  template <kv_view KV>
+  static void include(const KV& kv, std::size_t t, double s, double c, int level, int heavy_level,
+                      const call_context& cx, attend_workspace& ws, head_state& st) noexcept {
+    const double w = std::exp(s - c);
+    ++st.values_read;
+    if (ws.record_) ws.recorded_[st.g].push_back({std::uint32_t(t), heavy_level});
+    if (heavy_level <= level) {
+      st.exact.add_heavy(w, add_centered(kv.value(t), w, ws.exact_num_.data(), cx, ws).sq);
+    } else {
+      const double kappa = cx.design.weight(cx.dist[t]);
+      const row_norms nv = add_centered(kv.value(t), kappa, ws.light_sum_.data(), cx, ws);
+      st.light.add(light_terms_of(t, w, nv, cx));
+      if (heavy_level <= cx.opt.max_levels)
+        push(ws, st, ws.transition_head_, std::size_t(heavy_level), std::uint32_t(t), s, kScored);
+    }
+  }
+
+  /// A key with exact score s at this level: sampled now (queued for its value), at a
+  /// later level (deferred), or never.
+  static void admit(std::size_t t, double s, double c, int level, const call_context& cx,
+                    attend_workspace& ws, head_state& st, std::size_t& n_include) noexcept {
+    const options& opt = cx.opt;
+    // The level needs E only to within the grid: decide it from E's float bracket, and
+    // take the logarithm only when the bracket straddles a grid point (about 6% of keys at
+    // grid ratio 2). Either way the level is the one earliest_level(s - c + E) gives.
+    const std::uint64_t bits = cx.pert.bits(t);
+    const double x = (s - c) + cx.design.offset(cx.dist[t]);  // as reference_attend()
+    const float upper = perturbation::exp1_upper_from_bits(bits);
+    int ls = earliest_level(x + double(upper), opt.grid_ratio, opt.max_levels);
+    if (ls != earliest_level(x + double(perturbation::exp1_lower_from_bits(bits, upper)),
+                             opt.grid_ratio, opt.max_levels))
+      ls = earliest_level(x + perturbation::exp1_from_bits(bits), opt.grid_ratio, opt.max_levels);
+    if (ls > opt.max_levels) return;
+    if (ls > level) {
+      push(ws, st, ws.pending_head_, std::size_t(ls), std::uint32_t(t), s, kScored);
+      return;
+    }
+    if (ls < level) ++ws.stats_.bound_violations;  // the bounds promised otherwise
+    ws.to_include_[n_include++] = {std::uint32_t(t),
+                                   earliest_level(x, opt.grid_ratio, opt.max_levels), s};
+  }
+
+  /// The 8-bit stage of a new candidate with 8-bit bound u8 (scaled): true when its exact
+  /// key must be read now.
+  static bool refine_candidate(std::size_t t, double u8, double c, int level,
+                               const call_context& cx, attend_workspace& ws,
+                               head_state& st) noexcept {
+    const options& opt = cx.opt;
+    ++st.refined;
+    const double x8 = (u8 - c) + double(ws.e_up_[t]);  // == pert.exp1_upper(t)
+    const int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0),
+                                  opt.grid_ratio, opt.max_levels);
+    if (l8 > opt.max_levels) return false;
+    if (l8 > level) {
+      push(ws, st, ws.pending_head_, std::size_t(l8), std::uint32_t(t), 0.0, kRefined);
+      return false;
+    }
+    return true;
+  }
+
+  /// One level's new keys: 8-bit refinement, exact keys, values; each pass prefetches.
+  template <kv_view KV>
+  static void process_level(const KV& kv, const key_index& idx, const float* q,
+                            const float* qpad, double c, int level, const call_context& cx,
+                            attend_workspace& ws, head_state& st) noexcept {
+    const std::size_t d = cx.d, dp = idx.padded_dim();
+    const isa which = cx.kernels.which;
+    using T = typename KV::element_type;
+    std::size_t n_score = 0, n_include = 0;
+    const std::uint32_t b0 = ws.bucket_start_[std::size_t(level)];
+    const std::uint32_t b1 = ws.bucket_start_[std::size_t(level) + 1];
+    // The buckets of the next levels follow this one: prefetch across the boundary, so
+    // that a level's first candidates are not fetched one miss at a time.
+    const std::uint32_t b_end = ws.bucket_start_[std::size_t(cx.opt.max_levels) + 1];
+    // Candidates go 16 at a time through the batched 8-bit dot (independent chains).
+    constexpr std::uint32_t kBatch = 16;
+    for (std::uint32_t i = b0; i < b1; i += kBatch) {
+      const std::uint32_t m = std::min(kBatch, b1 - i);
+      const float* a[kBatch];
+      const std::uint8_t* codes[kBatch];
+      float offset[kBatch], dot[kBatch];
+      for (std::uint32_t k = 0; k < m; ++k) {
+        if (i + k + kPrefetchAhead < b_end) {
+          const std::uint32_t ahead = ws.bucket_[i + k + kPrefetchAhead];
+          prefetch_rows(idx.codes8(ahead), dp);
+          const std::size_t ab = ahead / key_index::kBlockTokens;
+          if (!ws.refine_ready_[ab]) {  // its block's scales, read by the preparation
+            prefetch_rows(idx.block_lo(ab), dp * sizeof(float));
+            prefetch_rows(idx.block_step8(ab), dp * sizeof(float));
+          }
+        }
+        const std::uint32_t t = ws.bucket_[i + k];
+        const std::size_t b = t / key_index::kBlockTokens;
+        a[k] = refine_block(idx, b, qpad, cx, ws);
+        offset[k] = ws.refine_offset_[b];
+        codes[k] = idx.codes8(t);
+      }
+      for (std::uint32_t k = m; k < kBatch; ++k) {
+        a[k] = a[0];
+        codes[k] = codes[0];
+      }
+      refine_dots(a, codes, m, dp, dot, which);
+      for (std::uint32_t k = 0; k < m; ++k) {
+        const std::uint32_t t = ws.bucket_[i + k];
+        const double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
+        if (refine_candidate(t, u8, c, level, cx, ws, st)) {
+          prefetch_rows_l2(kv.key(t), d * sizeof(T));
+          ws.to_score_[n_score++] = t;
+        }
+      }
+    }
+    for (std::int32_t k = ws.pending_head_[std::size_t(level)]; k >= 0;) {
+      const node nd = ws.nodes_[std::size_t(k)];
+      if (nd.stage == kRefined) {
+        prefetch_rows_l2(kv.key(nd.token), d * sizeof(T));
+        ws.to_score_[n_score++] = nd.token;
+      } else {
+        const std::size_t before = n_include;
+        admit(nd.token, nd.score, c, level, cx, ws, st, n_include);
+        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), d * sizeof(T));
+      }
+      k = nd.next;
+    }
+    // Exact keys 8 at a time through the batched score (independent chains, same bits).
+    for (std::size_t i = 0; i < n_score; i += 8) {
+      const std::size_t m = std::min<std::size_t>(8, n_score - i);
+      const T* rows[8];
+      for (std::size_t j = 0; j < 8; ++j) {
+        if (i + j + kPrefetchAhead < n_score)
+          prefetch_rows(kv.key(ws.to_score_[i + j + kPrefetchAhead]), d * sizeof(T));
+        rows[j] = kv.key(ws.to_score_[i + (j < m ? j : 0)]);
+      }
+      double dots[8];
+      score_dot8_fast(q, rows, d, which, dots);
+      for (std::size_t j = 0; j < m; ++j) {
+        const std::uint32_t t = ws.to_score_[i + j];
+        ++st.keys_read;
+        const std::size_t before = n_include;
+        admit(t, cx.scale * dots[j], c, level, cx, ws, st, n_include);
+        if (n_include != before) prefetch_rows_l2(kv.value(t), d * sizeof(T));
+      }
+    }
+    for (std::size_t i = 0; i < n_include; ++i) {
+      if (i + kPrefetchAhead < n_include)
+        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), d * sizeof(T));
+      const auto& a = ws.to_include_[i];
+      include(kv, a.token, a.score, c, level, a.heavy_level, cx, ws, st);
+    }
+  }
+
+  /// Keys sampled as light at an earlier level that are heavy from this level on: their
+  /// light terms leave the light sums, their exact weight joins the exact part.
+  template <kv_view KV>
+  static void transitions(const KV& kv, int level, double c, const call_context& cx,
+                          attend_workspace& ws, head_state& st) noexcept {
+    const std::int32_t first = ws.transition_head_[std::size_t(level)];
+    const std::size_t bytes = cx.d * sizeof(typename KV::element_type);
+    for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
+      prefetch_rows(kv.value(ws.nodes_[std::size_t(k)].token), bytes);
+    for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next) {
+      const node& nd = ws.nodes_[std::size_t(k)];
+      const double w = std::exp(nd.score - c);
+      const auto* v = kv.value(nd.token);
+      const double kappa = cx.design.weight(cx.dist[nd.token]);
+      // light_sum -= kappa (v - g), exact_num += w (v - g).
+      const row_norms nv = add_centered(v, -kappa, ws.light_sum_.data(), cx, ws);
+      add_centered(v, w, ws.exact_num_.data(), cx, ws);
+      st.light.remove(light_terms_of(nd.token, w, nv, cx));
+      st.exact.add_heavy(w, nv.sq);
+    }
+  }
+
+  // ---- stage: exact answers -----------------------------------------------------------
+  /// The heads no level certified (or over budget, or joined) by one exact pass; returns
+  /// the bytes it read.
+  template <kv_view KV>
+  static std::size_t exact_answers(const KV& kv, const key_index& idx, const float* queries,
+                                   const call_context& cx, const group_progress& progress,
+                                   std::span<float> out, std::span<certificate> certs,
+                                   attend_workspace& ws) {
+    using T = typename KV::element_type;
+    const std::size_t m = progress.exact_count, n = cx.n;
+    if (m == 0) return 0;
+    group_stats& stats = ws.stats_;
+    exact_heads(kv, idx, queries, cx, m, out.data(), ws, false,
+                std::numeric_limits<double>::infinity());
+    for (std::size_t i = 0; i < m; ++i) {
+      certificate& cert = certs[ws.exact_heads_[i]];
+      cert.denominator = ws.window_weight_[ws.exact_heads_[i]];
+      cert.max_score = ws.head_max_[ws.exact_heads_[i]];
+      cert.keys_read = n;
+      cert.values_read = n;
+    }
+    stats.fallbacks += m - stats.over_budget;
+    stats.keys_read += n;
+    stats.values_read += n;
+    return 2 * n * cx.d * sizeof(T);  // every key and value row once, for all these heads
+  }
+
+  /// scale ||q||_1 max|k| >= |s_i| and >= scale sum_j |q_j k_ij| for every token: what the
+  /// rounding bounds of rounding.hpp scale with.
+  static double score_magnitude(const float* q, std::size_t d, double scale,
+                                const key_index& idx) noexcept {
+    double l1 = 0.0;
+    for (std::size_t j = 0; j < d; ++j) l1 += std::fabs(double(q[j]));
+    return scale * l1 * double(idx.max_abs_key());
+  }
+
+  /// Exact attention for the heads ws.exact_heads_[0..m): one pass of the dense kernel over
+  /// the cache for all of them (fallbacks, heads over budget, routed groups). ws.head_max_[g]
+  /// is the head's maximum score c, or NaN when the call has not computed it (routed
+  /// groups skip the max-score stage): then c is the dense kernel's running maximum, or
+  /// the exact maximum on the double path. Writes each head's output, its c into
+  /// ws.head_max_[g], D relative to c into ws.window_weight_[g] and what bounds its
+  /// rounding into ws.exact_rounding_[g] (rounding.hpp). The float kernel cannot serve
+  /// scores far from 0 (it cannot resolve their weights), a scale or scaled query beyond
+  /// float's range, or values whose weighted sum overflows float: those heads take the
+  /// double path (lane-fixed exact scores, double sums), as does any result that is not
+  /// finite, and every head when `force_double` is set. `value_norm_max` >= max_i ||v_i||.
+  template <kv_view KV>
+  static void exact_heads(const KV& kv, const key_index& idx, const float* queries,
+                          const call_context& cx, std::size_t m, float* out,
+                          attend_workspace& ws, bool force_double, double value_norm_max) {
+    const std::size_t d = cx.d, n = cx.n;
+    const double scale = cx.scale;
+    const isa which = cx.kernels.which;
+    const bool float_scale = scale <= 0x1p100 && !force_double;
+    std::size_t k = 0;  // heads of the float pass, gathered in ws.exact_q_
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t g = ws.exact_heads_[i];
+      const float* q = queries + g * d;
+      double qmax = 0.0;
+      for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(q[j])));
+      ws.exact_float_[i] = float_scale && scale * qmax <= 0x1p100 && !(std::fabs(ws.head_max_[g]) > 1024.0);
+      if (ws.exact_float_[i]) std::copy_n(q, d, ws.exact_q_.data() + k++ * d);
+    }
+    if (k > 0)
+      dense_partial(std::span<const float>(ws.exact_q_.data(), k * d), k, kv, float(scale), 0, n,
+                    std::span<float>(ws.exact_m_.data(), k), std::span<float>(ws.exact_l_.data(), k),
+                    std::span<float>(ws.exact_out_.data(), k * d), ws.dense_ws_);
+    std::size_t f = 0;  // the float pass's row of the next head that joined it
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t g = ws.exact_heads_[i];
+      const float* q = queries + g * d;
+      float* o = out + g * d;
+      double& c = ws.head_max_[g];
+      const double magnitude = score_magnitude(q, d, scale, idx);
+      exact_rounding& r = ws.exact_rounding_[g];
+      r = {};
+      r.head_dim = d;
+      if (ws.exact_float_[i]) {
+        const float mk = ws.exact_m_[f], lk = ws.exact_l_[f];
+        const float* ok = ws.exact_out_.data() + f * d;
+        ++f;
+        const double cref = std::isnan(c) ? double(mk) : c;
+        bool finite = std::fabs(cref) <= 1024.0;
+        for (std::size_t j = 0; j < d; ++j) finite &= std::isfinite(o[j] = ok[j] / lk);
+        const double den = double(lk) * std::exp(double(mk) - cref);
+        if (finite && den > 0.0 && std::isfinite(den)) {
+          c = cref;
+          ws.window_weight_[g] = den;
+          r.eta = dense_kernel_eta(n, d, magnitude);
+          r.spread = value_norm_max;  // >= sum_i a_i ||v_i||; value scale: <= M
+          continue;
+        }
+      }
+      if (std::isnan(c)) {  // the exact maximum, for the double path's weights
+        c = -std::numeric_limits<double>::infinity();
+        for (std::size_t t = 0; t < n; ++t)
+          c = std::max(c, scale * score_dot_fast(q, kv.key(t), d, which));
+      }
+      std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
+      double den = 0.0, sq = 0.0;
+      for (std::size_t t = 0; t < n; ++t) {
+        const double w = std::exp(scale * score_dot_fast(q, kv.key(t), d, which) - c);
+        den += w;
+        sq += w * accumulate_row(kv.value(t), d, w, ws.exact_num_.data(), which);
+      }
+      for (std::size_t j = 0; j < d; ++j) o[j] = float(ws.exact_num_[j] / den);
+      ws.window_weight_[g] = den;
+      r.eta = double_path_eta(n, magnitude + std::fabs(c) * 0x1p-40);
+      r.value_scale = std::sqrt(sq / den);
+      r.spread = value_scale_upper(r);
+    }
+  }
+
+  /// ||o|| of a head's float output.
+  static double output_norm(const float* o, std::size_t d) noexcept {
+    double a = 0.0;
+    for (std::size_t j = 0; j < d; ++j) a += double(o[j]) * double(o[j]);
+    return std::sqrt(a);
+  }
+
+  /// max_i ||v_i|| over the whole cache, rounded up, from the index's distances to the
+  /// value centre (+inf when a value overflowed them).
+  static double value_norm_max(const key_index& idx, std::size_t n) noexcept {
+    if (!idx.overflow_tokens().empty()) return std::numeric_limits<double>::infinity();
+    double g2 = 0.0;
+    for (float x : idx.value_center()) g2 += double(x) * double(x);
+    return (std::sqrt(g2) + idx.value_distance_max(n)) * (1.0 + 0x1p-40);
+  }
+
+  // ---- accounting ---------------------------------------------------------------------
+  /// The group's bytes (docs/fast-path.md, "Bytes read"): each head's own reads, plus the
+  /// shared part (codes and block scales, the fixed rows, the exact pass) split evenly.
+  template <kv_view KV>
+  static void account_bytes(const KV&, const key_index& idx, const call_context& cx,
+                            std::size_t exact_pass_bytes, std::span<certificate> certs,
+                            attend_workspace& ws) noexcept {
+    group_stats& stats = ws.stats_;
+    const std::size_t F = cx.fixed_rows(), row_bytes = cx.d * sizeof(typename KV::element_type);
+    const std::size_t shared = cx.pool_blocks() * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) +
+                               2 * F * row_bytes + exact_pass_bytes;
+    stats.keys_read += F;
+    stats.values_read += F;
+    stats.bytes_read = shared;
+    for (std::size_t g = 0; g < cx.group; ++g) {
+      stats.bytes_read += certs[g].bytes_read;
+      certs[g].bytes_read += shared / cx.group;
+    }
+    stats.dense_bytes = 2 * cx.n * row_bytes;
+  }
+
+  // ---- route --------------------------------------------------------------------------
+  /// The whole group by the dense kernel (group_history routed it): exact attention, with
+  /// the certificate its rounding allows (rounding.hpp): the float kernel's bound where it
+  /// meets epsilon, else the head again on the double path, else not certified.
+  template <kv_view KV>
+  static void route_dense(const KV& kv, const key_index& idx, std::span<const float> queries,
+                          const call_context& cx, std::span<float> out,
+                          std::span<certificate> certs, attend_workspace& ws) {
+    using T = typename KV::element_type;
+    const std::size_t n = cx.n, d = cx.d, group = cx.group;
+    for (std::size_t g = 0; g < group; ++g) {
+      ws.exact_heads_[g] = std::uint32_t(g);
+      ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
+      if (ws.record_) ws.recorded_[g].clear();
+    }
+    const double vmax = value_norm_max(idx, n);
+    exact_heads(kv, idx, queries.data(), cx, group, out.data(), ws, false, vmax);
+    group_stats& stats = ws.stats_;
+    stats.keys_read = stats.values_read = n;
+    stats.routed = group;
+    stats.dense_bytes = stats.bytes_read = 2 * n * d * sizeof(T);
+    std::size_t redo = 0;  // heads whose float bound missed epsilon, for the double path
+    for (std::size_t g = 0; g < group; ++g) {
+      certificate& cert = certs[g];
+      cert = {};
+      cert.exact = true;
+      cert.path = answer_path::kRouted;
+      cert.max_score = ws.head_max_[g];
+      cert.denominator = ws.window_weight_[g];
+      cert.keys_read = cert.values_read = n;
+      certify_exact_answer(ws.exact_rounding_[g], output_norm(out.data() + g * d, d),
+                           cert.denominator, cx.user, cert);
+      const bool on_double_path = !std::isnan(ws.exact_rounding_[g].value_scale);
+      if (!cert.certified && !on_double_path) ws.exact_heads_[redo++] = std::uint32_t(g);
+    }
+    if (redo > 0) {
+      exact_heads(kv, idx, queries.data(), cx, redo, out.data(), ws, true, vmax);
+      stats.bytes_read += redo * 2 * n * d * sizeof(T);  // the double path: a pass per head
+      for (std::size_t i = 0; i < redo; ++i) {
+        const std::size_t g = ws.exact_heads_[i];
+        certificate& cert = certs[g];
+        cert.max_score = ws.head_max_[g];
+        cert.denominator = ws.window_weight_[g];
+        certify_exact_answer(ws.exact_rounding_[g], output_norm(out.data() + g * d, d),
+                             cert.denominator, cx.user, cert);
+      }
+    }
+    for (std::size_t g = 0; g < group; ++g) certs[g].bytes_read = stats.bytes_read / group;
+  }
+};
+
+}  // namespace certattn::detail
+
+#include <certattn/arch/macros_undef.hpp>
