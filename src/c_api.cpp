@@ -167,6 +167,9 @@ certattn::options to_cpp(const certattn_options& o) {
   r.cost.fixed = o.cost.fixed;
   r.cost.per_key = o.cost.per_key;
   r.cost.give_up = o.cost.give_up;
+  if (o.cost.measured != 0 && o.cost.measured != 1)
+    throw error("options.cost.measured = " + std::to_string(o.cost.measured) + " must be 0 or 1");
+  r.cost.measured = o.cost.measured != 0;
   certattn::validate(r);
   return r;
 }
@@ -250,6 +253,7 @@ int certattn_options_default(certattn_options* options) {
     o.cost.fixed = d.cost.fixed;
     o.cost.per_key = d.cost.per_key;
     o.cost.give_up = d.cost.give_up;
+    o.cost.measured = d.cost.measured ? 1 : 0;
   });
 }
 

@@ -154,12 +154,43 @@ TEST(Routing, FlatGroupIsRoutedToTheDenseKernelAndProbed) {
       }
     }
   }
-  // sparse (lost), 4 routed, probe (lost), 8 routed... the first 11 calls:
-  const std::vector<std::string> expected{"over_budget", "routed", "routed", "routed", "routed",
-                                          "over_budget", "routed", "routed", "routed", "routed",
-                                          "routed"};
+  // sparse (lost), routed and timed, a quick probe (lost: it measured what the model
+  // predicted), 4 routed, probe (lost), 8 routed... the first 11 calls:
+  const std::vector<std::string> expected{"over_budget", "routed", "over_budget", "routed",
+                                          "routed", "routed", "routed", "over_budget",
+                                          "routed", "routed", "routed"};
   EXPECT_EQ(paths, expected);
   EXPECT_EQ(history.probe_interval(), 2 * group_history::kFirstProbeInterval);
+  EXPECT_GT(history.dense_seconds_per_token(), 0.0);
+}
+
+// The cost model's prediction decides only until the group has timed both paths: a
+// history that measured a dense pass routes on the sparse calls' measured time against it.
+TEST(Routing, MeasuredCostReplacesThePrediction) {
+  group_history h(2);
+  const std::vector<int> levels{3, 4};
+  h.record_sparse(1.5, levels, noise_key{0, 0, 0});
+  h.record_sparse(1.5, levels, noise_key{1, 0, 0});
+  options o;
+  ASSERT_TRUE(h.routes_dense(o)) << "the model's prediction: routed";
+  EXPECT_TRUE(std::isnan(h.measured_cost(1.0, 1000)));
+  h.record_dense(2e-3, 1000);  // the first timed dense pass: 2 us per token
+  EXPECT_DOUBLE_EQ(h.dense_seconds_per_token(), 2e-6);
+  EXPECT_FALSE(h.routes_dense(o)) << "a quick probe follows the first timed dense call";
+  EXPECT_DOUBLE_EQ(h.measured_cost(1e-3, 1000), 0.5);
+  h.record_sparse(h.measured_cost(1e-3, 1000), levels, noise_key{3, 0, 0});  // it won
+  EXPECT_FALSE(h.routes_dense(o));
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.5);
+  // A quick probe that loses waits the usual 4 calls, without doubling.
+  group_history l(2);
+  l.record_sparse(1.5, levels, noise_key{0, 0, 0});
+  l.record_dense(2e-3, 1000);
+  ASSERT_FALSE(l.routes_dense(o));
+  l.record_sparse(3.0, levels, noise_key{2, 0, 0});
+  EXPECT_EQ(l.probe_interval(), group_history::kFirstProbeInterval);
+  EXPECT_TRUE(l.routes_dense(o));
+  l.reset();
+  EXPECT_TRUE(std::isnan(l.dense_seconds_per_token()));
 }
 
 // A focused group stays on the sparse path: no head reaches its budget, the history's

@@ -202,9 +202,15 @@ struct attend_stages {
     if (history) level_hints = history->hints_for(nk);
     const call_context cx = make_context(group, kv, idx, nk, user_opt, level_hints);
     begin_stats(cx, ws);
+    // Routing times what it compares (history.hpp, cost_model::measured): two clock reads.
+    const bool timed = history && user_opt.route == routing::kAuto && user_opt.cost.measured;
+    const double t_start = timed ? stage_clock::now() : 0.0;
     if (cx.pool_end > 0 && history && history->routes_dense(user_opt)) {
       route_dense(kv, idx, queries, cx, out, certs, ws);
-      history->record_dense();
+      if (timed)
+        history->record_dense(stage_clock::now() - t_start, cx.n);
+      else
+        history->record_dense();
       return;
     }
     stage_clock clock{ws.time_stages_};
@@ -227,9 +233,15 @@ struct attend_stages {
     clock.lap(seconds[5]);
     account_bytes(kv, idx, cx, exact_pass_bytes, certs, ws);
     if (history) {
-      const double cost = user_opt.cost.predicted(ws.stats_.sampled, cx.n) +
-                          (progress.exact_count > 0 ? 1.0 : 0.0);
-      history->record_sparse(cost, std::span<const int>(ws.head_levels_.data(), group), nk);
+      // The call's cost relative to the dense kernel: measured, once this group's dense
+      // kernel has been timed, else the cost model's prediction.
+      const double predicted = user_opt.cost.predicted(ws.stats_.sampled, cx.n) +
+                               (progress.exact_count > 0 ? 1.0 : 0.0);
+      const double measured =
+          timed ? history->measured_cost(stage_clock::now() - t_start, cx.n)
+                : std::numeric_limits<double>::quiet_NaN();
+      history->record_sparse(std::isnan(measured) ? predicted : measured,
+                             std::span<const int>(ws.head_levels_.data(), group), nk);
     }
   }
 
@@ -796,6 +808,7 @@ struct attend_stages {
         const double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
         if (refine_candidate(t, u8, c, level, cx, ws, st)) {
           prefetch_rows_l2(kv.key(t), d * sizeof(T));
+          __builtin_prefetch(cx.dist + t);  // admit() reads its distance, at a random place
           ws.to_score_[n_score++] = t;
         }
       }
@@ -804,6 +817,7 @@ struct attend_stages {
       const node nd = ws.nodes_[std::size_t(k)];
       if (nd.stage == kRefined) {
         prefetch_rows_l2(kv.key(nd.token), d * sizeof(T));
+        __builtin_prefetch(cx.dist + nd.token);
         ws.to_score_[n_score++] = nd.token;
       } else {
         const std::size_t before = n_include;

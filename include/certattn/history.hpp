@@ -58,8 +58,10 @@ class group_history {
       return {};
     return levels_;
   }
-  /// The cost model's prediction for the last sparse call, relative to the dense kernel
-  /// (options::cost; a head answered exactly adds 1); NaN before the first sparse call.
+  /// The last sparse call's cost relative to the dense kernel: its measured time against
+  /// this group's measured dense kernel once a routed call has been timed
+  /// (measured_cost()), else the cost model's prediction (options::cost; a head answered
+  /// exactly adds 1); NaN before the first sparse call.
   double last_cost() const noexcept { return cost_; }
   /// What routing decides on: the mean of the last sparse call's cost and the estimate
   /// before it (halving the weight of older calls), restarted from a probe's cost. One
@@ -69,10 +71,24 @@ class group_history {
   std::uint32_t dense_streak() const noexcept { return dense_streak_; }
   std::uint32_t probe_interval() const noexcept { return probe_interval_; }
 
+  /// The dense kernel's time per token on this group as measured here: the mean of the
+  /// routed calls' dense passes, each new one weighted 1/2 (seconds; NaN before the first).
+  double dense_seconds_per_token() const noexcept { return dense_spt_; }
+  /// The cost of a sparse call that took `seconds` over `tokens`, relative to this group's
+  /// measured dense kernel: what routing records instead of the cost model's prediction
+  /// once a dense call has been timed (options::cost.measured). NaN before that.
+  double measured_cost(double seconds, std::size_t tokens) const noexcept {
+    return dense_spt_ > 0.0 && tokens > 0 ? seconds / (dense_spt_ * double(tokens))
+                                          : std::numeric_limits<double>::quiet_NaN();
+  }
+
   /// The decision of the next call: the dense kernel for the whole group. True when the
   /// sparse path's cost estimate exceeds the dense kernel's and the next probe is not due.
+  /// The first timed dense call is followed at once by a probe, so that the cost model's
+  /// constants decide only until the group has measured both paths.
   bool routes_dense(const options& o) const noexcept {
-    return o.route == routing::kAuto && estimate_ > 1.0 && dense_streak_ < probe_interval_;
+    return o.route == routing::kAuto && estimate_ > 1.0 && dense_streak_ < probe_interval_ &&
+           !quick_probe_due_;
   }
 
   /// Forget everything (a new sequence in the same slot).
@@ -83,6 +99,8 @@ class group_history {
     cost_ = estimate_ = std::numeric_limits<double>::quiet_NaN();
     dense_streak_ = 0;
     probe_interval_ = kFirstProbeInterval;
+    dense_spt_ = std::numeric_limits<double>::quiet_NaN();
+    quick_probe_due_ = false;
   }
 
   /// Called by attend_group() after a sparse call with noise key `nk`: `cost` its
@@ -91,7 +109,8 @@ class group_history {
   /// starts the hints afresh; one of the same keeps the largest step seen, so that no
   /// later hint goes to a step at or before any call that produced it.
   void record_sparse(double cost, std::span<const int> levels, const noise_key& nk) noexcept {
-    const bool probe = dense_streak_ > 0;
+    const bool probe = dense_streak_ > 0, quick = quick_probe_due_;
+    quick_probe_due_ = false;
     const bool same = has_key_ && nk.layer == key_.layer && nk.kv_head == key_.kv_head &&
                       nk.sequence == key_.sequence;
     if (!same) std::fill(levels_.begin(), levels_.end(), -1);
@@ -102,7 +121,7 @@ class group_history {
     for (std::size_t g = 0; g < levels_.size() && g < levels.size(); ++g)
       if (levels[g] >= 0) levels_[g] = levels[g];
     estimate_ = probe || std::isnan(estimate_) ? cost : 0.5 * (estimate_ + cost);
-    if (estimate_ > 1.0 && probe)
+    if (estimate_ > 1.0 && probe && !quick)  // a quick probe that lost: the usual wait
       probe_interval_ = std::min(kMaxProbeInterval, 2 * probe_interval_);
     else if (!(estimate_ > 1.0))
       probe_interval_ = kFirstProbeInterval;
@@ -113,6 +132,14 @@ class group_history {
   void record_dense() noexcept {
     if (dense_streak_ < std::numeric_limits<std::uint32_t>::max()) ++dense_streak_;
   }
+  /// The same, with the dense pass's measured time over `tokens` tokens.
+  void record_dense(double seconds, std::size_t tokens) noexcept {
+    record_dense();
+    if (!(seconds > 0.0) || !std::isfinite(seconds) || tokens == 0) return;
+    const double spt = seconds / double(tokens);
+    if (std::isnan(dense_spt_)) quick_probe_due_ = true;
+    dense_spt_ = std::isnan(dense_spt_) ? spt : 0.5 * (dense_spt_ + spt);
+  }
 
  private:
   std::vector<int> levels_;
@@ -122,6 +149,8 @@ class group_history {
   double estimate_ = std::numeric_limits<double>::quiet_NaN();
   std::uint32_t dense_streak_ = 0;
   std::uint32_t probe_interval_ = kFirstProbeInterval;
+  double dense_spt_ = std::numeric_limits<double>::quiet_NaN();
+  bool quick_probe_due_ = false;
 };
 
 }  // namespace certattn

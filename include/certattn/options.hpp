@@ -87,10 +87,14 @@ inline routing routing_from_string(std::string_view s) {
 /// `certattn-bench speed --fit-cost` fits them on another machine. `give_up` is the
 /// predicted cost at which a call stops sampling (sample_budget()): a call then costs at
 /// most about give_up + 1 dense kernels (the spent part, then one dense pass).
+/// `measured`: once a group_history has timed a routed call's dense pass, it routes on
+/// the sparse calls' measured time against it instead of on the prediction (the constants
+/// cannot be right on every machine; docs/integration.md, "Routing").
 struct cost_model {
   double fixed = 0.6;
   double per_key = 6.4;
   double give_up = 2.0;
+  bool measured = true;
   double predicted(std::size_t sampled, std::size_t tokens) const noexcept {
     return fixed + per_key * double(sampled) / double(tokens);
   }

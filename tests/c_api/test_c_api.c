@@ -194,7 +194,7 @@ static void test_calls(void) {
   CHECK_OK(certattn_options_default(&o));
   CHECK(o.epsilon == 0.1 && o.delta == 0.05 && o.window == 64 && o.scale == CERTATTN_SCALE_VALUE);
   CHECK(o.certificate == CERTATTN_CERTIFICATE_TIGHT && o.route == CERTATTN_ROUTE_AUTO);
-  CHECK(o.cost.fixed == 0.6 && o.cost.per_key == 6.4 && o.cost.give_up == 2.0 && o.grid_top == 6 &&
+  CHECK(o.cost.fixed == 0.6 && o.cost.per_key == 6.4 && o.cost.give_up == 2.0 && o.cost.measured == 1 && o.grid_top == 6 &&
         o.max_levels == 32);
   CHECK_OK(certattn_options_validate(&o));
   CHECK_OK(certattn_sample_budget(&o, N, &budget));

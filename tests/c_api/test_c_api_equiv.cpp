@@ -86,6 +86,7 @@ certattn_options to_c(const options& o) {
   r.cost.fixed = o.cost.fixed;
   r.cost.per_key = o.cost.per_key;
   r.cost.give_up = o.cost.give_up;
+  r.cost.measured = o.cost.measured ? 1 : 0;
   return r;
 }
 
@@ -178,6 +179,9 @@ void run_case(const equiv_case& p) {
     EXPECT_GT(g_allocations.load(), 0) << "the counter must see the library's allocations";
 
     options tight;  // defaults: tight, value scale, routing on
+    // Routing on the prediction: the two histories then take the same decisions (measured
+    // costs depend on each call's timing).
+    tight.cost.measured = false;
     options classic;
     classic.certificate = certificate_kind::kClassic;
     classic.route = routing::kOff;

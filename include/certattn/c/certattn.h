@@ -136,6 +136,8 @@ typedef struct certattn_cost_model {
   double fixed;   /* default 0.6, in [0, 1) */
   double per_key; /* default 6.4, > 0 */
   double give_up; /* default 2.0, >= 1 */
+  int32_t measured; /* default 1: once a history has timed a dense call, route on measured
+                     * costs (certattn::cost_model::measured); 0: on the prediction alone */
 } certattn_cost_model;
 
 /* certattn::options. Start from certattn_options_default() and set what you need. */
