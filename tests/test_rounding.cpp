@@ -64,11 +64,13 @@ TEST(Rounding, EpsilonHasAFloorNamedInTheError) {
 TEST(Rounding, TinyEpsilonNoPoolAndRoutedNeverOverclaim) {
   const std::size_t d = 64, G = 4;
   std::size_t certified = 0, heads = 0;
-  // 32K tokens: the float kernel's own error (about sqrt(n / 16) 2^-24 M) exceeds 2^-20 M.
+  // 32K tokens: the float kernel's own error (about sqrt(n / 16) 2^-24 M) exceeds 2^-20 M
+  // on the output-norm and denominator scales (where the old certificate overclaimed).
   for (const std::size_t n : {48u, 4096u, 32768u})
     for (const error_scale scale :
-         {error_scale::kValueScale, error_scale::kOutputNorm, error_scale::kDenominator})
-      for (std::uint64_t trial = 0; trial < (n > 4096 ? 3u : 40u); ++trial) {
+         {error_scale::kValueScale, error_scale::kOutputNorm, error_scale::kDenominator}) {
+      if (n > 4096 && scale == error_scale::kValueScale) continue;
+      for (std::uint64_t trial = 0; trial < (n > 4096 ? 3u : 16u); ++trial) {
         const test::head_cache<half> cache(
             n, d, [&](std::size_t t, std::size_t i) { return test::gauss(trial * 7919 + t, i); },
             [&](std::size_t t, std::size_t i) { return 0.3 + test::gauss(trial * 104729 + t, i + 999); });
@@ -98,6 +100,7 @@ TEST(Rounding, TinyEpsilonNoPoolAndRoutedNeverOverclaim) {
           }
         }
       }
+    }
   // Most heads are certified at 2^-20 through the double path; none overclaims.
   EXPECT_GT(certified, heads / 2);
 }

@@ -7,7 +7,8 @@
 // later step of the same (layer, KV head, sequence), whose perturbations are independent
 // of theirs; any other call (a retried or repeated step, a step back after a truncation,
 // another layer or sequence) gets no hints, i.e. the uniform split of delta. Routing only
-// chooses exact answers, which hold whatever chose them.
+// chooses exact answers, each certified by its own rounding bound whatever chose it; its
+// costs are measured on this machine once the group has timed a dense call.
 #pragma once
 
 #include <certattn/common.hpp>
@@ -71,8 +72,10 @@ class group_history {
   std::uint32_t dense_streak() const noexcept { return dense_streak_; }
   std::uint32_t probe_interval() const noexcept { return probe_interval_; }
 
-  /// The dense kernel's time per token on this group as measured here: the mean of the
-  /// routed calls' dense passes, each new one weighted 1/2 (seconds; NaN before the first).
+  /// The dense kernel's time per token on this group as measured here: the fastest of the
+  /// routed calls' dense passes (seconds; NaN before the first). The fastest, because a
+  /// pass is only ever slowed (cold caches, page faults, other load, an emulator's first
+  /// translation), and an inflated dense time would keep a losing group on the sparse path.
   double dense_seconds_per_token() const noexcept { return dense_spt_; }
   /// The cost of a sparse call that took `seconds` over `tokens`, relative to this group's
   /// measured dense kernel: what routing records instead of the cost model's prediction
@@ -103,8 +106,8 @@ class group_history {
     quick_probe_due_ = false;
   }
 
-  /// Called by attend_group() after a sparse call with noise key `nk`: `cost` its
-  /// prediction (see last_cost()), `levels[g]` the level head g stopped at (-1 when
+  /// Called by attend_group() after a sparse call with noise key `nk`: `cost` its measured
+  /// or predicted cost (see last_cost()), `levels[g]` the level head g stopped at (-1 when
   /// answered exactly: its hint is kept). A call of another (layer, KV head, sequence)
   /// starts the hints afresh; one of the same keeps the largest step seen, so that no
   /// later hint goes to a step at or before any call that produced it.
@@ -138,7 +141,7 @@ class group_history {
     if (!(seconds > 0.0) || !std::isfinite(seconds) || tokens == 0) return;
     const double spt = seconds / double(tokens);
     if (std::isnan(dense_spt_)) quick_probe_due_ = true;
-    dense_spt_ = std::isnan(dense_spt_) ? spt : 0.5 * (dense_spt_ + spt);
+    dense_spt_ = std::isnan(dense_spt_) ? spt : std::min(dense_spt_, spt);
   }
 
  private:

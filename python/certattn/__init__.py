@@ -127,21 +127,32 @@ DEFAULT_COST: tuple[float, float, float] = tuple(_core.DEFAULT_COST)
 
 def _cost(cost) -> tuple[float, float, float]:
     """cost: None (the defaults), a (fixed, per_key, give_up) sequence, or a dict of some of
-    those keys (the others keep their defaults)."""
+    those keys and "measured" (the others keep their defaults)."""
     if cost is None:
         return DEFAULT_COST
     if isinstance(cost, dict):
-        unknown = sorted(str(key) for key in cost if key not in _COST_FIELDS)
+        unknown = sorted(str(key) for key in cost if key not in _COST_FIELDS and key != "measured")
         if unknown:
-            raise ValueError(f"cost: unknown key(s) {', '.join(unknown)} (expected fixed, per_key, give_up)")
+            raise ValueError(f"cost: unknown key(s) {', '.join(unknown)} "
+                             "(expected fixed, per_key, give_up, measured)")
         values = dict(zip(_COST_FIELDS, DEFAULT_COST))
-        values.update(cost)
+        values.update((k, v) for k, v in cost.items() if k != "measured")
         return tuple(_real(values[f], f"cost.{f}") for f in _COST_FIELDS)
     if isinstance(cost, (str, bytes)) or not hasattr(cost, "__len__"):
         raise TypeError(f"cost must be None, a (fixed, per_key, give_up) tuple or a dict, got {type(cost).__name__}")
     if len(cost) != 3:
         raise ValueError(f"cost: expected 3 values (fixed, per_key, give_up), got {len(cost)}")
     return tuple(_real(c, f"cost.{f}") for c, f in zip(cost, _COST_FIELDS))
+
+
+def _cost_measured(cost) -> bool:
+    """cost["measured"] (default True): route on measured costs once a history has timed a
+    dense call (C++ cost_model::measured); False routes on the cost model alone."""
+    if not isinstance(cost, dict) or "measured" not in cost:
+        return True
+    if not isinstance(cost["measured"], bool):
+        raise TypeError(f"cost.measured must be a bool, got {type(cost['measured']).__name__}")
+    return cost["measured"]
 
 
 def _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
@@ -153,7 +164,7 @@ def _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, gri
         _real(eps, "eps"), _real(delta, "delta"), scale, certificate, _count(window, "window"),
         _count(grid_ratio, "grid_ratio", 0, 2**31 - 1), _count(max_levels, "max_levels", 0, 2**31 - 1),
         _count(grid_top, "grid_top", 0, 2**31 - 1), _real(softmax_scale, "softmax_scale"), _count(seed, "seed"),
-        routing, *_cost(cost))
+        routing, *_cost(cost), _cost_measured(cost))
 
 
 def _group_queries(q: np.ndarray, k: np.ndarray, name: str = "q") -> tuple[np.ndarray, tuple[int, ...]]:

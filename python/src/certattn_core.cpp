@@ -173,7 +173,7 @@ cert_record to_record(const certificate& c) {
 options make_options(double eps, double delta, const std::string& scale, const std::string& cert,
                      std::size_t window, int grid_ratio, int max_levels, int grid_top, double softmax_scale,
                      std::uint64_t seed, const std::string& route, double cost_fixed, double cost_per_key,
-                     double cost_give_up) {
+                     double cost_give_up, bool cost_measured) {
   options o;
   o.epsilon = eps;
   o.delta = delta;
@@ -186,7 +186,7 @@ options make_options(double eps, double delta, const std::string& scale, const s
   o.softmax_scale = softmax_scale;
   o.seed = seed;
   o.route = routing_from_string(route);
-  o.cost = cost_model{cost_fixed, cost_per_key, cost_give_up};
+  o.cost = cost_model{cost_fixed, cost_per_key, cost_give_up, cost_measured};
   validate(o);
   return o;
 }
@@ -631,7 +631,7 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
   for (const std::string& c : certificates)
     for (const std::string& s : scales)
       for (double e : eps) cfgs.push_back({make_options(e, delta, s, c, 64, 2, 32, 6, 0.0, seed, "off", cost_model{}.fixed,
-                                            cost_model{}.per_key, cost_model{}.give_up)});
+                                            cost_model{}.per_key, cost_model{}.give_up, true)});
   if (cfgs.empty()) throw py::value_error("audit: at least one certificate, scale and epsilon");
   if (n <= 64) throw py::value_error("audit: the cache must hold more than the 64-token window");
   const float* qd = static_cast<const float*>(q_in.data());
@@ -837,7 +837,7 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init(&make_options), py::arg("eps"), py::arg("delta"), py::arg("scale"), py::arg("certificate"),
            py::arg("window"), py::arg("grid_ratio"), py::arg("max_levels"), py::arg("grid_top"),
            py::arg("softmax_scale"), py::arg("seed"), py::arg("routing"), py::arg("cost_fixed"),
-           py::arg("cost_per_key"), py::arg("cost_give_up"))
+           py::arg("cost_per_key"), py::arg("cost_give_up"), py::arg("cost_measured") = true)
       .def_readonly("epsilon", &options::epsilon)
       .def_readonly("delta", &options::delta)
       .def_readonly("window", &options::window)
