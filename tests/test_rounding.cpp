@@ -70,7 +70,7 @@ TEST(Rounding, TinyEpsilonNoPoolAndRoutedNeverOverclaim) {
     for (const error_scale scale :
          {error_scale::kValueScale, error_scale::kOutputNorm, error_scale::kDenominator}) {
       if (n > 4096 && scale == error_scale::kValueScale) continue;
-      for (std::uint64_t trial = 0; trial < (n > 4096 ? 3u : 16u); ++trial) {
+      for (std::uint64_t trial = 0; trial < (n > 4096 ? 3u : 10u); ++trial) {
         const test::head_cache<half> cache(
             n, d, [&](std::size_t t, std::size_t i) { return test::gauss(trial * 7919 + t, i); },
             [&](std::size_t t, std::size_t i) { return 0.3 + test::gauss(trial * 104729 + t, i + 999); });
@@ -114,7 +114,8 @@ TEST(Rounding, NearCancellingValuesOnTheOutputNormScale) {
   const std::size_t n = 4096, d = 32, G = 1;
   for (const double offset : {2e-5, 0.0}) {
     std::size_t certified = 0, violations = 0, calls = 0;
-    for (std::uint64_t trial = 0; trial < 100; ++trial) {
+    // 100 routed calls where a certificate is possible; 20 where none is (o = 0).
+    for (std::uint64_t trial = 0; trial < (offset > 0.0 ? 100u : 20u); ++trial) {
       const double A = 1000.0;
       // Token t and t + n/2 share a key; their values cancel, and the float kernel's
       // running sums hold the first half's +A x terms until the second half arrives.
