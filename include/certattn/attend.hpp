@@ -88,9 +88,10 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
 ///   groups may run concurrently, also on one shared index.
 ///   history: this (layer, KV head)'s group_history (history.hpp), kept by the engine
 ///   from step to step. It carries each head's last stopping level, around which the
-///   tight certificate spends most of delta (level_delta_share()), so that heads stop
-///   with fewer keys, and routes groups whose sparse path lost to the dense kernel
-///   (options::route). Without one, the call has no hints and routes no group; a head
+///   tight certificate spends most of delta (level_delta_share()) on a strictly later
+///   step of the same layer, KV head and sequence (group_history::hints_for()), so that
+///   heads stop with fewer keys, and routes groups whose sparse path lost to the dense
+///   kernel (options::route), on costs measured here once it has timed a dense call. Without one, the call has no hints and routes no group; a head
 ///   whose sample outgrows sample_budget() is still answered exactly.
 template <kv_view KV>
 void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
@@ -106,7 +107,8 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
 
 /// The same without a history, with optional level hints: empty, or [group] the level
 /// each head stopped at in this (layer, KV head)'s previous step (certificate::level; -1
-/// for none). Any hint is valid, since it is fixed before the perturbations.
+/// for none). A hint is valid when it was fixed before this call's perturbations were
+/// drawn (the caller's contract: e.g. the previous step's levels, never this step's).
 template <kv_view KV>
 void attend_group(std::span<const float> queries, std::size_t group, const KV& kv,
                   const key_index& idx, const noise_key& nk, const options& opt,
