@@ -61,8 +61,23 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
                      std::span<float>(out), std::span<certificate>(certs), ws);
     };
     call(0, opt);  // warm-up
+    // A routed call at the smallest epsilon: the float kernel's rounding bound misses it
+    // and every head is answered again on the double path (rounding.hpp).
+    options tiny = opt;
+    tiny.epsilon = options::kMinEpsilon;
+    const std::vector<int> none(G, -1);
+    group_history forced(G);
+    forced.record_sparse(5.0, none, noise_key{100, 0, 0});
+    forced.record_sparse(5.0, none, noise_key{101, 0, 0});
     g_allocations = 0;
     g_counting = true;
+    if (route == routing::kAuto) {
+      attend_group(std::span<const float>(queries[1]), G, kv, idx, {102, 0, 0}, tiny,
+                   std::span<float>(out), std::span<certificate>(certs), ws, forced);
+      EXPECT_EQ(certs[0].path, answer_path::kRouted);
+      EXPECT_GT(ws.last_stats().bytes_read, ws.last_stats().dense_bytes)
+          << "the double path's extra pass is counted";
+    }
     std::size_t routed = 0;
     for (std::uint64_t s = 1; s < 12; ++s) {
       ws.time_stages(s % 2 == 1);  // timed calls do not allocate either
