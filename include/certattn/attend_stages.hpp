@@ -998,11 +998,9 @@ struct attend_stages {
 
   /// max_i ||v_i|| over the whole cache, rounded up, from the index's distances to the
   /// value centre (+inf when a value overflowed them).
-  static double value_norm_max(const key_index& idx, std::size_t n) noexcept {
+  static double value_norm_max(const key_index& idx, const call_context& cx) noexcept {
     if (!idx.overflow_tokens().empty()) return std::numeric_limits<double>::infinity();
-    double g2 = 0.0;
-    for (float x : idx.value_center()) g2 += double(x) * double(x);
-    return (std::sqrt(g2) + idx.value_distance_max(n)) * (1.0 + 0x1p-40);
+    return (cx.center_norm + idx.value_distance_max(cx.n)) * (1.0 + 0x1p-40);
   }
 
   // ---- accounting ---------------------------------------------------------------------
@@ -1041,7 +1039,7 @@ struct attend_stages {
       ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
       if (ws.record_) ws.recorded_[g].clear();
     }
-    const double vmax = value_norm_max(idx, n);
+    const double vmax = value_norm_max(idx, cx);
     exact_heads(kv, idx, queries.data(), cx, group, out.data(), ws, false, vmax);
     group_stats& stats = ws.stats_;
     stats.keys_read = stats.values_read = n;
