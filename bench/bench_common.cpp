@@ -127,7 +127,66 @@ paged_kv<half> layer_cache::paged(std::size_t h) const {
 
 // ---- the grid --------------------------------------------------------------------------------
 
+variant_spec parse_variant(const std::string& text) {
+  variant_spec v;
+  v.text = text;
+  if (text == "plain") return v;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t end = std::min(text.find('+', pos), text.size());
+    const std::string part = text.substr(pos, end - pos);
+    const std::size_t colon = part.find(':');
+    const std::string name = part.substr(0, colon), arg = colon == std::string::npos ? "" : part.substr(colon + 1);
+    auto number = [&](const char* what) {
+      if (arg.empty()) throw error("--variant: " + name + " needs a value (" + what + ")");
+      std::size_t used = 0;
+      double x = 0.0;
+      try {
+        x = std::stod(arg, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != arg.size() || !(x > 0.0)) throw error("--variant: " + name + ":" + arg + " needs " + what + " > 0");
+      return x;
+    };
+    if (name == "softcap") v.softcap = number("a cap");
+    else if (name == "window") v.window = std::size_t(number("a window in tokens"));
+    else if (name == "alibi" && arg.empty()) v.alibi = true;
+    else if (name == "sinks" && arg.empty()) v.sinks = true;
+    else
+      throw error("--variant: unknown part '" + part +
+                  "' (expected plain, or softcap:CAP, alibi, sinks, window:W joined by '+')");
+    pos = end + 1;
+  }
+  return v;
+}
+
+layer_variant::layer_variant(const variant_spec& spec, std::size_t kv_heads, std::size_t group, std::uint64_t seed)
+    : spec_(spec), group_(group) {
+  const std::size_t heads = kv_heads * group;
+  if (spec.alibi)
+    for (std::size_t i = 0; i < heads; ++i) slopes_.push_back(float(std::exp2(-8.0 * double(i + 1) / double(heads))));
+  if (spec.sinks) {
+    std::mt19937_64 rng(seed * 7919 + 17);
+    std::uniform_real_distribution<float> z(0.0f, 3.0f);
+    for (std::size_t i = 0; i < heads; ++i) sinks_.push_back(z(rng));
+  }
+}
+
+attention_variant layer_variant::head(std::size_t h) const {
+  attention_variant v;
+  v.logit_softcap = spec_.softcap;
+  v.sliding_window = spec_.window;
+  if (!slopes_.empty()) v.alibi_slopes = std::span<const float>(slopes_).subspan(h * group_, group_);
+  if (!sinks_.empty()) v.sinks = std::span<const float>(sinks_).subspan(h * group_, group_);
+  return v;
+}
+
 void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help) {
+  cmd.add_option("--variant", f.variant,
+                 "attention variant of every call: plain, or parts joined by '+': softcap:CAP, alibi (BLOOM's "
+                 "slopes), sinks (one learned logit per head), window:W (sliding window of W tokens)")
+      ->capture_default_str();
   cmd.add_option("--context", f.contexts,
                  "context lengths in tokens, comma-separated; K = 1024, M = 1024K")
       ->delimiter(',')
@@ -170,6 +229,7 @@ void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help) 
 
 grid resolve(const grid_flags& f) {
   grid g;
+  g.variant = parse_variant(f.variant);
   for (const std::string& c : f.contexts) {
     const std::size_t n = parse_count(c);
     if (n < options{}.window)

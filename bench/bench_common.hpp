@@ -99,6 +99,7 @@ class layer_cache {
 
 /// Flags as typed on the command line (strings keep the 16K suffixes).
 struct grid_flags {
+  std::string variant = "plain";
   std::vector<std::string> contexts{"16K", "32K", "64K", "128K"};
   std::size_t kv_heads = 8;
   std::size_t group = 4;
@@ -116,12 +117,40 @@ struct grid_flags {
   bool quiet = false;
 };
 
+/// --variant: the attention variant every call of the run computes (variant.hpp): `plain`,
+/// or parts joined by '+': softcap:CAP, alibi, sinks, window:W (e.g. sinks+window:128).
+struct variant_spec {
+  std::string text = "plain";
+  double softcap = 0.0;
+  bool alibi = false, sinks = false;
+  std::size_t window = 0;
+  bool plain() const noexcept { return softcap == 0.0 && !alibi && !sinks && window == 0; }
+};
+variant_spec parse_variant(const std::string& text);
+
+/// One layer's variant data: ALiBi slopes 2^(-8 (i + 1) / N) over its N = kv_heads * group
+/// query heads (BLOOM's), and sink logits drawn from U(0, 3) (gpt-oss's learned sinks are
+/// of that order against its scores).
+class layer_variant {
+ public:
+  layer_variant(const variant_spec& spec, std::size_t kv_heads, std::size_t group, std::uint64_t seed);
+  /// The variant of KV head h's group (spans into this object).
+  attention_variant head(std::size_t h) const;
+  const variant_spec& spec() const noexcept { return spec_; }
+
+ private:
+  variant_spec spec_;
+  std::size_t group_;
+  std::vector<float> slopes_, sinks_;
+};
+
 /// Registers the shared flags on a subcommand; `reps_help` says what a repetition is there.
 void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help);
 
 /// The flags resolved: contexts in tokens, thread counts with 0 replaced by all cores
 /// (duplicates dropped), regimes and layouts parsed. Throws certattn::error.
 struct grid {
+  variant_spec variant;
   std::vector<std::size_t> contexts;
   std::vector<std::size_t> threads;
   std::vector<syn::regime> regimes;

@@ -47,6 +47,7 @@ struct audit_flags {
   std::string kv, queries;
   std::string json, csv;
   std::uint64_t seed = 1;
+  std::string variant = "plain";
   bool quiet = false;
 };
 
@@ -128,7 +129,7 @@ std::string compare(const certificate& fast, const float* fast_out, const refere
 
 /// Exact attention of every call of a setting, [steps][heads][group], computed once and
 /// shared by all configurations.
-std::vector<exact_summary> exact_calls(const eval_data& e, thread_pool& pool) {
+std::vector<exact_summary> exact_calls(const eval_data& e, const layer_variant& lv, thread_pool& pool) {
   const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group;
   const double scale = options{}.effective_softmax_scale(d);
   std::vector<std::vector<exact_summary>> per_item(e.steps * H);
@@ -136,9 +137,10 @@ std::vector<exact_summary> exact_calls(const eval_data& e, thread_pool& pool) {
   pool.parallel_for(e.steps * H, [&](std::size_t item, std::size_t wi) {
     const std::size_t s = item / H, h = item % H;
     exact_call& x = scratch[wi];
+    const attention_variant v = lv.head(h);
     for (std::size_t g = 0; g < G; ++g) {
-      exact_attend(e.query(s, h, g), e.key_rows(h), e.value_rows(h), n, d, scale, x);
-      if (s == 0 && g == 0) check_exact(e.query(s, h, g), e, h, x);
+      exact_attend(e.query(s, h, g), e.key_rows(h), e.value_rows(h), n, d, scale, x, head_variant_of(v, g, n));
+      if (s == 0 && g == 0) check_exact(e.query(s, h, g), e, h, x, head_slice(v, g));
       per_item[item].emplace_back(x);
     }
   });
@@ -155,7 +157,8 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
   const std::size_t C = cfgs.size();
   std::vector<key_index> idx(H, key_index(d));
   pool.parallel_for(H, [&](std::size_t h, std::size_t) { idx[h].build(e.view(h)); });
-  const std::vector<exact_summary> exact = exact_calls(e, pool);
+  const layer_variant lv(parse_variant(f.variant), H, G, f.seed);
+  const std::vector<exact_summary> exact = exact_calls(e, lv, pool);
   std::vector<call_record> rec(C * calls);
   std::vector<std::string> first_disagreement(pool.size());
 
@@ -178,7 +181,9 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
   pool.parallel_for(H * C, [&](std::size_t item, std::size_t wi) {
     worker& w = workers[wi];
     const std::size_t h = item / C, ci = item % C;
-    const options opt = cfgs[ci].to_options(f);
+    options opt = cfgs[ci].to_options(f);
+    opt.variant = lv.head(h);
+    options head_opt = opt;  // the reference's: this query head's entries only
     for (std::size_t s = 0; s < S; ++s) {
       // Each configuration draws its own perturbations (layer = configuration).
       const noise_key nk{std::uint64_t(s), std::uint32_t(ci), std::uint32_t(h)};
@@ -211,8 +216,9 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
           extras.value_cap = idx[h].value_cap();
           extras.reach_floor = idx[h].reach_floor();
           extras.level_hint = hints.empty() ? -1 : hints[g];
+          head_opt.variant = head_slice(opt.variant, g);
           const reference_result ref = reference_attend(std::span<const float>(e.query(s, h, g), d), e.key_matrix(h),
-                                                        e.value_matrix(h), opt, nk, extras);
+                                                        e.value_matrix(h), head_opt, nk, extras);
           r.checked = 1;
           const std::string why = compare(cert, w.out.data() + g * d, ref, x.M);
           if (!why.empty()) {
@@ -324,10 +330,10 @@ void run_audit(audit_flags f) {
         if (plans.back().n <= 64) throw error("--context: contexts must exceed the 64-token window");
         total += double(steps * heads * f.group * cfgs.size() * plans.back().n);
       }
-    std::printf("audit: %s, %zu settings (regime x context) x %zu certificates x %zu scales x %zu epsilons, %zu "
-                "calls per row (%zu steps x %zu KV heads x group %zu), delta %g, reference check on every %zu%s call, "
-                "%zu threads\n",
-                f.quick ? "quick" : "full", plans.size(), certificates.size(),
+    std::printf("audit: %s, variant %s, %zu settings (regime x context) x %zu certificates x %zu scales x %zu "
+                "epsilons, %zu calls per row (%zu steps x %zu KV heads x group %zu), delta %g, reference check on "
+                "every %zu%s call, %zu threads\n",
+                f.quick ? "quick" : "full", f.variant.c_str(), plans.size(), certificates.size(),
                 f.scales.size(), f.eps.size(), steps * heads * f.group, steps, heads, f.group, f.delta, check_every,
                 check_every == 1 ? "st" : check_every == 2 ? "nd" : check_every == 3 ? "rd" : "th", pool.size());
   }
@@ -465,6 +471,10 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--json", f->json, "also write the rows as JSON to this file");
   cmd->add_option("--csv", f->csv, "also write the rows as CSV to this file");
   cmd->add_option("--seed", f->seed, "seed of the synthetic data and the perturbations")->capture_default_str();
+  cmd->add_option("--variant", f->variant,
+                  "attention variant of every call and of its exact reference: plain, or parts joined by '+': "
+                  "softcap:CAP, alibi, sinks, window:W")
+      ->capture_default_str();
   cmd->add_flag("--quiet", f->quiet, "no progress indicator on stderr");
   cmd->callback([f] { run_audit(*f); });
 }

@@ -198,7 +198,8 @@ class nhd_dense_split {
 template <class ViewOf>
 std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const std::vector<key_index>& idx,
                                    const std::vector<float>& queries, std::size_t group, const options& opt,
-                                   std::size_t steps, thread_pool& pool, worker_scratch& ws,
+                                   const layer_variant& variant, std::size_t steps, thread_pool& pool,
+                                   worker_scratch& ws,
                                    const cache_flusher& flush, progress& prog, double units_per_step,
                                    bool block_occupancy) {
   const std::size_t H = lc.heads(), d = lc.head_dim(), n = lc.tokens(), G = group;
@@ -221,7 +222,8 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     } else {
       pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
         dense_attend(q.subspan(h * G * d, G * d), G, view_of(h), 0.0f,
-                     std::span<float>(out_dense.data() + h * G * d, G * d), ws.dense[w]);
+                     std::span<float>(out_dense.data() + h * G * d, G * d), ws.dense[w], 0, SIZE_MAX,
+                     variant.head(h));
       });
     }
     r.dense_s = seconds_since(t0);
@@ -230,8 +232,10 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     flush();
     t0 = bench_clock::now();
     pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+      options head_opt = opt;
+      head_opt.variant = variant.head(h);
       attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
-                   noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
+                   noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, head_opt,
                    std::span<float>(out_cert.data() + h * G * d, G * d),
                    std::span<certificate>(certs.data() + h * G, G), ws.attend[w], history[h]);
       stats[h] = ws.attend[w].last_stats();
@@ -242,8 +246,10 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
       for (std::size_t h = 0; h < H; ++h) {
         group_history before = history_before[h];
         std::vector<certificate> again(G);
+        options head_opt = opt;
+        head_opt.variant = variant.head(h);
         attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
-                     noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, opt,
+                     noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, head_opt,
                      std::span<float>(out_cert.data() + h * G * d, G * d),
                      std::span<certificate>(again), aw, before);
         add_block_occupancy(aw, again, opt, r);
@@ -500,6 +506,11 @@ void print_cost_fit(const std::vector<cost_point>& pts) {
 
 void run_speed(const speed_flags& f) {
   const grid g = resolve(f);
+  if (!g.variant.plain() && std::find(g.layouts.begin(), g.layouts.end(), layout_kind::kNhd) != g.layouts.end())
+    throw error("--variant " + g.variant.text +
+                ": the nhd layout's dense baseline (dense_attend_nhd_layer) computes plain attention only; use "
+                "--layout hnd or paged");
+  const layer_variant variant(g.variant, f.kv_heads, f.group, f.seed);
   const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
   std::vector<routing> routings;
   for (const std::string& r : f.routings) {
@@ -538,10 +549,10 @@ void run_speed(const speed_flags& f) {
               threads_available());
   for (const auto& [t, bw] : bandwidth) std::printf("  %zu thread%s %.1f GB/s", t, t == 1 ? "" : "s", bw);
   std::printf("\n");
-  std::printf("grid: regime %s, eps %s, delta %s, certificate %s, kv_heads %zu, group %zu, head_dim %zu, %zu warm-up + "
-              "%zu timed steps\n",
+  std::printf("grid: regime %s, eps %s, delta %s, certificate %s, kv_heads %zu, group %zu, head_dim %zu, variant %s, "
+              "%zu warm-up + %zu timed steps\n",
               join(f.regimes).c_str(), join(f.eps).c_str(), join(f.delta).c_str(), join(f.certificates).c_str(), H, G,
-              d, f.warmup, f.reps);
+              d, g.variant.text.c_str(), f.warmup, f.reps);
   std::fflush(stdout);
 
   std::vector<speed_row> rows;
@@ -581,7 +592,7 @@ void run_speed(const speed_flags& f) {
                   opt.certificate = cert;
                   opt.route = route;
                   const std::vector<step_result> res = lc.visit([&](auto view_of) {
-                    return run_steps(lc, view_of, idx, queries, G, opt, steps, P.get(t), scratch, flush, prog,
+                    return run_steps(lc, view_of, idx, queries, G, opt, variant, steps, P.get(t), scratch, flush, prog,
                                      2.0 * double(n * H), f.block_occupancy);
                   });
                   speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));

@@ -114,19 +114,21 @@ struct exact_call {
   double c = 0, D = 0, M = 0, o_norm = 0;
 };
 
+/// hv: the head's variant (variant.hpp): its scores, only the tokens from hv.first, and the
+/// sink in D (weights w_t of the tokens before hv.first are 0).
 inline void exact_attend(const float* q, const half* keys, const half* values, std::size_t n, std::size_t d,
-                         double scale, exact_call& out) {
+                         double scale, exact_call& out, const head_variant& hv = {}) {
   const isa which = active_isa();
   out.s.resize(n);
-  out.w.resize(n);
+  out.w.assign(n, 0.0);
   out.o.assign(d, 0.0);
-  double c = -INFINITY;
+  double c = hv.has_sink ? hv.sink : -INFINITY;
   for (std::size_t t = 0; t < n; ++t) {
-    out.s[t] = scale * detail::score_dot_fast(q, keys + t * d, d, which);
-    c = std::max(c, out.s[t]);
+    out.s[t] = hv.score(scale * detail::score_dot_fast(q, keys + t * d, d, which), t);
+    if (t >= hv.first) c = std::max(c, out.s[t]);
   }
-  double D = 0, sq = 0;
-  for (std::size_t t = 0; t < n; ++t) {
+  double D = hv.has_sink ? std::exp(hv.sink - c) : 0.0, sq = 0;
+  for (std::size_t t = hv.first; t < n; ++t) {
     const double w = std::exp(out.s[t] - c);
     out.w[t] = w;
     D += w;
@@ -145,9 +147,10 @@ inline void exact_attend(const float* q, const half* keys, const half* values, s
 
 /// Throws unless exact_attend() agrees with certattn::exact_attention() on this query
 /// (run on a few calls of every setting, so the fast exact path cannot drift).
-inline void check_exact(const float* q, const eval_data& e, std::size_t h, const exact_call& x) {
+inline void check_exact(const float* q, const eval_data& e, std::size_t h, const exact_call& x,
+                        const attention_variant& v = {}) {
   const exact_result r =
-      exact_attention(std::span<const float>(q, e.d), e.key_matrix(h), e.value_matrix(h));
+      exact_attention(std::span<const float>(q, e.d), e.key_matrix(h), e.value_matrix(h), 0.0, v);
   double diff = 0;
   for (std::size_t i = 0; i < e.d; ++i) diff = std::max(diff, std::fabs(r.output[i] - x.o[i]));
   const bool ok = diff <= 1e-9 * std::max(r.value_scale, 1e-300) && r.max_score == x.c &&

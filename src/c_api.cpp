@@ -139,7 +139,19 @@ void with_cache(const certattn_cache* c, F&& f) {
   }
 }
 
-certattn::options to_cpp(const certattn_options& o) {
+/// The variant with its arrays as spans of `heads` entries (0: none, for the checks that
+/// know no group).
+certattn::attention_variant to_cpp(const certattn_variant& v, std::size_t heads) {
+  certattn::attention_variant r;
+  r.logit_softcap = v.logit_softcap;
+  r.sliding_window = v.sliding_window;
+  if (v.alibi_slopes != nullptr && heads > 0) r.alibi_slopes = std::span<const float>(v.alibi_slopes, heads);
+  if (v.sinks != nullptr && heads > 0) r.sinks = std::span<const float>(v.sinks, heads);
+  certattn::validate(r, heads, "variant");
+  return r;
+}
+
+certattn::options to_cpp(const certattn_options& o, std::size_t heads = 0) {
   certattn::options r;
   r.epsilon = o.epsilon;
   r.delta = o.delta;
@@ -170,6 +182,7 @@ certattn::options to_cpp(const certattn_options& o) {
   if (o.cost.measured != 0 && o.cost.measured != 1)
     throw error("options.cost.measured = " + std::to_string(o.cost.measured) + " must be 0 or 1");
   r.cost.measured = o.cost.measured != 0;
+  r.variant = to_cpp(o.variant, heads);
   certattn::validate(r);
   return r;
 }
@@ -476,7 +489,7 @@ int certattn_attend_group(const float* queries, size_t group, const certattn_cac
     require(out, "out");
     require(certs, "certs");
     require(workspace, "workspace");
-    const certattn::options opt = to_cpp(*options);
+    const certattn::options opt = to_cpp(*options, group);
     certattn::noise_key nk;
     nk.step = key->step;
     nk.layer = key->layer;
@@ -503,9 +516,11 @@ int certattn_attend_group(const float* queries, size_t group, const certattn_cac
   });
 }
 
-int certattn_dense_attend(const float* queries, size_t group, const certattn_cache* cache,
-                          float softmax_scale, float* out, certattn_workspace* workspace) {
-  return guarded("certattn_dense_attend", [&] {
+namespace {
+int dense_attend_call(const char* fn, const float* queries, size_t group, const certattn_cache* cache,
+                      float softmax_scale, const certattn_variant* variant, float* out,
+                      certattn_workspace* workspace) {
+  return guarded(fn, [&] {
     require(queries, "queries");
     require(out, "out");
     require(workspace, "workspace");
@@ -520,15 +535,34 @@ int certattn_dense_attend(const float* queries, size_t group, const certattn_cac
                     std::to_string(workspace->dense.head_dim()) + ")");
       for (std::size_t i = 0; i < group * d; ++i)
         if (!std::isfinite(queries[i])) throw error("queries contain a NaN or Inf");
+      const certattn::attention_variant v =
+          variant != nullptr ? to_cpp(*variant, group) : certattn::attention_variant{};
       certattn::dense_attend(std::span<const float>(queries, group * d), group, kv,
-                             softmax_scale, std::span<float>(out, group * d), workspace->dense);
+                             softmax_scale, std::span<float>(out, group * d), workspace->dense, 0,
+                             SIZE_MAX, v);
     });
   });
 }
+}  // namespace
 
-int certattn_exact_attention(const float* query, const certattn_cache* cache,
-                             double softmax_scale, double* out, certattn_exact_result* result) {
-  return guarded("certattn_exact_attention", [&] {
+int certattn_dense_attend(const float* queries, size_t group, const certattn_cache* cache,
+                          float softmax_scale, float* out, certattn_workspace* workspace) {
+  return dense_attend_call("certattn_dense_attend", queries, group, cache, softmax_scale, nullptr, out,
+                           workspace);
+}
+
+int certattn_dense_attend_variant(const float* queries, size_t group, const certattn_cache* cache,
+                                  float softmax_scale, const certattn_variant* variant, float* out,
+                                  certattn_workspace* workspace) {
+  return dense_attend_call("certattn_dense_attend_variant", queries, group, cache, softmax_scale, variant,
+                           out, workspace);
+}
+
+namespace {
+int exact_attention_call(const char* fn, const float* query, const certattn_cache* cache,
+                         double softmax_scale, const certattn_variant* variant, double* out,
+                         certattn_exact_result* result) {
+  return guarded(fn, [&] {
     require(query, "query");
     require(out, "out");
     if (!(softmax_scale >= 0.0) || !std::isfinite(softmax_scale))
@@ -546,7 +580,8 @@ int certattn_exact_attention(const float* query, const certattn_cache* cache,
       }
       const certattn::exact_result r = certattn::exact_attention(
           std::span<const float>(query, d), certattn::make_matrix_view(keys.data(), n, d),
-          certattn::make_matrix_view(values.data(), n, d), softmax_scale);
+          certattn::make_matrix_view(values.data(), n, d), softmax_scale,
+          variant != nullptr ? to_cpp(*variant, 1) : certattn::attention_variant{});
       for (std::size_t i = 0; i < d; ++i) out[i] = r.output[i];
       if (result != nullptr) {
         result->max_score = r.max_score;
@@ -556,6 +591,19 @@ int certattn_exact_attention(const float* query, const certattn_cache* cache,
       }
     });
   });
+}
+}  // namespace
+
+int certattn_exact_attention(const float* query, const certattn_cache* cache,
+                             double softmax_scale, double* out, certattn_exact_result* result) {
+  return exact_attention_call("certattn_exact_attention", query, cache, softmax_scale, nullptr, out, result);
+}
+
+int certattn_exact_attention_variant(const float* query, const certattn_cache* cache,
+                                     double softmax_scale, const certattn_variant* variant,
+                                     double* out, certattn_exact_result* result) {
+  return exact_attention_call("certattn_exact_attention_variant", query, cache, softmax_scale, variant, out,
+                              result);
 }
 
 }  // extern "C"

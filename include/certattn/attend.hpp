@@ -59,6 +59,11 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
                 " tokens, levels options.total_levels() = " + std::to_string(opt.total_levels()) +
                 ")");
   if (opt.window > 64) throw error("options.window must be <= 64 for attend_group");
+  validate(opt.variant, group, "options.variant");
+  // Bias positions are exact in float below 2^24 tokens (arch/variant_kernels.hpp).
+  if (!opt.variant.alibi_slopes.empty() && n > (std::size_t(1) << 24))
+    throw error("options.variant.alibi_slopes: a position bias needs fewer than 2^24 tokens, got " +
+                std::to_string(n));
   for (float x : queries)
     if (!std::isfinite(x)) throw error("queries contain a NaN or Inf");
   // The score bounds run in float. Scores beyond any real model's would overflow them

@@ -16,14 +16,18 @@
 //   exact answers  one dense pass for the heads no level certified (or over budget)
 //   accounting     bytes read, and what the group's history keeps
 // It computes exactly the samples of reference_attend() (same perturbations, same scores
-// bit for bit, same sets) while reading a small fraction of the cache. Internal: use
-// attend_group() (attend.hpp).
+// bit for bit, same sets) while reading a small fraction of the cache. A variant
+// (options::variant) enters as data of the call context: the sliding window moves the
+// pool's start, the scores go through head_variant::score(), the scan's bounds through
+// the same transform rounded up (arch/variant_kernels.hpp), and a sink is one more exact
+// term of value 0. Internal: use attend_group() (attend.hpp).
 #pragma once
 
 #include <certattn/arch/candidate_kernels.hpp>
 #include <certattn/arch/dispatch.hpp>
 #include <certattn/arch/refine_kernels.hpp>
 #include <certattn/arch/score_dot.hpp>
+#include <certattn/arch/variant_kernels.hpp>
 #include <certattn/certificate.hpp>
 #include <certattn/dense.hpp>
 #include <certattn/history.hpp>
@@ -34,6 +38,7 @@
 #include <certattn/rounding.hpp>
 #include <certattn/sampler.hpp>
 #include <certattn/scan.hpp>
+#include <certattn/variant.hpp>
 #include <certattn/workspace.hpp>
 
 #include <algorithm>
@@ -86,7 +91,8 @@ struct call_context {
                                       // weights relative to c + shift (shifted_grid())
   int top = 0;                        // user.top_halvings()
   std::size_t group = 0, n = 0, d = 0, dp = 0;  // heads, tokens, head_dim, padded head_dim
-  std::size_t pool_end = 0;           // the pool is [0, pool_end), the window after it
+  std::size_t first = 0;              // the first token that attends (a sliding window's)
+  std::size_t pool_end = 0;           // the pool is [first, pool_end), the window after it
   double scale = 0.0;                 // the softmax scale
   perturbation pert;                  // this call's Exp(1) perturbations
   std::span<const std::uint32_t> xs;  // the exact set inside the pool
@@ -101,10 +107,18 @@ struct call_context {
   std::size_t window() const noexcept { return n - pool_end; }
   /// Rows every head reads exactly: the window and the exact set.
   std::size_t fixed_rows() const noexcept { return window() + xs.size(); }
-  bool has_pool() const noexcept { return pool_end > xs.size(); }
+  /// The tokens that attend: what the dense kernel reads, and the cost model's unit.
+  std::size_t attended() const noexcept { return n - first; }
+  bool has_pool() const noexcept { return pool_end - first > xs.size(); }
+  /// Blocks [first_block(), pool_blocks()) hold the pool.
+  std::size_t first_block() const noexcept { return first / key_index::kBlockTokens; }
   std::size_t pool_blocks() const noexcept {
     return (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
   }
+  /// Head g's variant (scalars of options::variant).
+  head_variant head(std::size_t g) const noexcept { return head_variant_of(user.variant, g, n); }
+  /// True when scores are not scale q.k (soft-cap or position bias).
+  bool modified() const noexcept { return user.variant.modifies_scores(); }
 };
 
 /// The exact part of a head's estimate: window, exact set and heavy keys (level_sums'
@@ -153,6 +167,7 @@ struct light_sums {
 /// One head's level loop: its running sums and what it read.
 struct head_state {
   std::size_t g = 0;
+  head_variant hv;
   exact_sums exact;
   light_sums light;
   std::size_t keys_read = 0, values_read = 0, refined = 0;
@@ -205,10 +220,10 @@ struct attend_stages {
     // Routing times what it compares (history.hpp, cost_model::measured): two clock reads.
     const bool timed = history && user_opt.route == routing::kAuto && user_opt.cost.measured;
     const double t_start = timed ? stage_clock::now() : 0.0;
-    if (cx.pool_end > 0 && history && history->routes_dense(user_opt)) {
+    if (cx.pool_end > cx.first && history && history->routes_dense(user_opt)) {
       route_dense(kv, idx, queries, cx, out, certs, ws);
       if (timed)
-        history->record_dense(stage_clock::now() - t_start, cx.n);
+        history->record_dense(stage_clock::now() - t_start, cx.attended());
       else
         history->record_dense();
       return;
@@ -218,7 +233,7 @@ struct attend_stages {
     prepare_queries(queries, cx, ws);
     fixed_scores(kv, queries.data(), cx, ws);
     clock.lap(seconds[0]);
-    if (cx.pool_end > 0) scan(idx, cx, ws);
+    if (cx.pool_end > cx.first) scan(idx, cx, ws);
     clock.lap(seconds[1]);
     perturbation_bounds(idx, cx, ws);
     clock.lap(seconds[3]);
@@ -235,10 +250,10 @@ struct attend_stages {
     if (history) {
       // The call's cost relative to the dense kernel: measured, once this group's dense
       // kernel has been timed, else the cost model's prediction.
-      const double predicted = user_opt.cost.predicted(ws.stats_.sampled, cx.n) +
+      const double predicted = user_opt.cost.predicted(ws.stats_.sampled, cx.attended()) +
                                (progress.exact_count > 0 ? 1.0 : 0.0);
       const double measured =
-          timed ? history->measured_cost(stage_clock::now() - t_start, cx.n)
+          timed ? history->measured_cost(stage_clock::now() - t_start, cx.attended())
                 : std::numeric_limits<double>::quiet_NaN();
       history->record_sparse(std::isnan(measured) ? predicted : measured,
                              std::span<const int>(ws.head_levels_.data(), group), nk);
@@ -252,6 +267,7 @@ struct attend_stages {
                                    std::span<const int> hints) noexcept {
     const options opt = shifted_grid(user_opt);
     const std::size_t n = kv.size(), d = kv.head_dim(), pool_end = n - opt.effective_window(n);
+    const std::size_t first = user_opt.variant.first_token(n);
     // The exact set inside the pool: read exactly, never sampled. The classic certificate's
     // holds the value outliers; the tight one samples those by their reach and reads only
     // the values whose distance overflowed float.
@@ -260,6 +276,8 @@ struct attend_stages {
                                             : idx.overflow_tokens();
     xs = xs.first(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(pool_end)) -
                               xs.begin()));
+    xs = xs.subspan(std::size_t(std::lower_bound(xs.begin(), xs.end(), std::uint32_t(first)) -
+                                xs.begin()));
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     double g2 = 0.0;
     for (std::size_t i = 0; i < d; ++i) g2 += radius.center_at(i) * radius.center_at(i);
@@ -271,6 +289,7 @@ struct attend_stages {
         .n = n,
         .d = d,
         .dp = (d + 7) / 8 * 8,
+        .first = first,
         .pool_end = pool_end,
         .scale = opt.effective_softmax_scale(d),
         .pert = perturbation(opt.seed, nk),
@@ -281,7 +300,7 @@ struct attend_stages {
                                        idx.value_center()),
         .dist = idx.value_distances(),
         .kernels = select_attend_kernels(active_isa()),
-        .budget = sample_budget(user_opt, n),
+        .budget = sample_budget(user_opt, n - first),
         .hints = hints,
     };
   }
@@ -322,10 +341,11 @@ struct attend_stages {
     const std::size_t d = cx.d, F = cx.fixed_rows();
     for (std::size_t i = 0; i < F; ++i) {
       if (i + kPrefetchAhead < F) prefetch_rows(kv.key(fixed_token(cx, i + kPrefetchAhead)), d * sizeof(T));
-      const T* k = kv.key(fixed_token(cx, i));
+      const std::size_t t = fixed_token(cx, i);
+      const T* k = kv.key(t);
       for (std::size_t g = 0; g < cx.group; ++g)
         ws.fixed_scores_[g * ws.fixed_stride_ + i] =
-            cx.scale * score_dot_fast(q + g * d, k, d, cx.kernels.which);
+            cx.head(g).score(cx.scale * score_dot_fast(q + g * d, k, d, cx.kernels.which), t);
     }
   }
 
@@ -337,6 +357,7 @@ struct attend_stages {
     r.nq = cx.group;
     r.softmax_scale = cx.scale;
     r.pool_end = cx.pool_end;
+    r.block_begin = cx.first_block();
     r.u = ws.u_.data();
     r.u_stride = ws.u_stride_;
     r.block_max = ws.block_max_.data();
@@ -344,9 +365,20 @@ struct attend_stages {
     r.qa = ws.qa_.data();
     r.prep = ws.prep_.data();
     scan_score_bounds(r, cx.kernels.which);
-    // The exact set is read exactly: no head takes it as a candidate.
-    for (std::size_t g = 0; g < cx.group; ++g)
-      for (std::uint32_t t : cx.xs) ws.u_[g * ws.u_stride_ + t] = -std::numeric_limits<float>::infinity();
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    for (std::size_t g = 0; g < cx.group; ++g) {
+      float* u = ws.u_.data() + g * ws.u_stride_;
+      // Tokens of the first block before the sliding window never attend.
+      std::fill(u + cx.first_block() * key_index::kBlockTokens, u + cx.first, ninf);
+      // The variant's scores: the same transform on the bounds, rounded up.
+      if (cx.modified()) {
+        const head_variant hv = cx.head(g);
+        apply_bound_variant(u, cx.first, cx.pool_end, make_bound_variant(hv.cap, hv.slope, cx.n),
+                            ws.block_max_.data() + g * ws.block_stride_, cx.kernels.which);
+      }
+      // The exact set is read exactly: no head takes it as a candidate.
+      for (std::uint32_t t : cx.xs) u[t] = ninf;
+    }
   }
 
   // ---- stage: perturbations -----------------------------------------------------------
@@ -356,9 +388,14 @@ struct attend_stages {
   /// unchanged.
   static void perturbation_bounds(const key_index& idx, const call_context& cx,
                                   attend_workspace& ws) noexcept {
-    cx.kernels.fill_exp1_upper(cx.pert.key(), cx.pool_end, ws.e_up_.data());
+    // From the first pool block on: token t0 + i hashes like i under key + t0 golden.
+    const std::size_t t0 = cx.first_block() * key_index::kBlockTokens;
+    if (cx.pool_end <= t0) return;
+    cx.kernels.fill_exp1_upper(cx.pert.key() + std::uint64_t(t0) * kGolden, cx.pool_end - t0,
+                               ws.e_up_.data() + t0);
     if (cx.design.value_aware)
-      cx.kernels.add_offsets_upper(ws.e_up_.data(), idx.sampling_offsets_upper(), cx.pool_end);
+      cx.kernels.add_offsets_upper(ws.e_up_.data() + t0, idx.sampling_offsets_upper() + t0,
+                                   cx.pool_end - t0);
   }
 
   // ---- stage: max score ---------------------------------------------------------------
@@ -371,9 +408,12 @@ struct attend_stages {
       double window_max = -std::numeric_limits<double>::infinity();
       for (std::size_t i = 0; i < cx.fixed_rows(); ++i)
         window_max = std::max(window_max, ws.fixed_scores_[g * ws.fixed_stride_ + i]);
+      // With a sink, c is the larger of its logit and the keys' maximum: no weight above 1.
+      const head_variant hv = cx.head(g);
+      if (hv.has_sink) window_max = std::max(window_max, hv.sink);
       std::size_t keys_read = 0;
-      const double c = cx.pool_end > 0
-                           ? max_score(kv, queries + g * cx.d, cx, ws.u_.data() + g * ws.u_stride_,
+      const double c = cx.pool_end > cx.first
+                           ? max_score(kv, queries + g * cx.d, cx, hv, ws.u_.data() + g * ws.u_stride_,
                                        ws.block_max_.data() + g * ws.block_stride_, window_max,
                                        keys_read)
                            : window_max;
@@ -385,30 +425,30 @@ struct attend_stages {
 
   /// c = max_i s_i exactly: any key above the running lower bound has its bound above it.
   template <kv_view KV>
-  static double max_score(const KV& kv, const float* q, const call_context& cx, const float* u,
-                          const float* block_max, double window_max,
-                          std::size_t& keys_read) noexcept {
-    const std::size_t pool_end = cx.pool_end, nb = cx.pool_blocks();
+  static double max_score(const KV& kv, const float* q, const call_context& cx,
+                          const head_variant& hv, const float* u, const float* block_max,
+                          double window_max, std::size_t& keys_read) noexcept {
+    const std::size_t pool_end = cx.pool_end, b0 = cx.first_block(), nb = cx.pool_blocks();
     double lb = window_max;
     auto exact = [&](std::size_t t) {
       ++keys_read;
-      return cx.scale * score_dot_fast(q, kv.key(t), cx.d, cx.kernels.which);
+      return hv.score(cx.scale * score_dot_fast(q, kv.key(t), cx.d, cx.kernels.which), t);
     };
     // Seed with the key of the largest bound: usually the maximum itself.
-    std::size_t best_block = 0;
-    for (std::size_t b = 1; b < nb; ++b)
+    std::size_t best_block = b0;
+    for (std::size_t b = b0 + 1; b < nb; ++b)
       if (block_max[b] > block_max[best_block]) best_block = b;
-    if (nb > 0 && double(block_max[best_block]) >= lb) {
-      const std::size_t t0 = best_block * key_index::kBlockTokens;
+    if (nb > b0 && double(block_max[best_block]) >= lb) {
+      const std::size_t t0 = std::max(best_block * key_index::kBlockTokens, cx.first);
       const std::size_t t1 = std::min(pool_end, t0 + key_index::kBlockTokens);
       std::size_t arg = t0;
       for (std::size_t t = t0; t < t1; ++t)
         if (u[t] > u[arg]) arg = t;
       lb = std::max(lb, exact(arg));
     }
-    for (std::size_t b = 0; b < nb; ++b) {
+    for (std::size_t b = b0; b < nb; ++b) {
       if (double(block_max[b]) < lb) continue;
-      const std::size_t t0 = b * key_index::kBlockTokens;
+      const std::size_t t0 = std::max(b * key_index::kBlockTokens, cx.first);
       const std::size_t t1 = std::min(pool_end, t0 + key_index::kBlockTokens);
       for (std::size_t t = t0; t < t1; ++t)
         if (double(u[t]) >= lb) lb = std::max(lb, exact(t));
@@ -434,6 +474,14 @@ struct attend_stages {
         ws.window_sq_[g] += w * add_centered(v, w, ws.window_num_.data() + g * d, cx, ws).sq;
       }
     }
+    // A sink: an exact term of value 0, so w (0 - g) in the centred sum and nothing in sq.
+    for (std::size_t g = 0; g < G; ++g) {
+      const head_variant hv = cx.head(g);
+      if (!hv.has_sink) continue;
+      const double w = std::exp(hv.sink - ws.head_c_[g]);
+      ws.window_weight_[g] += w;
+      for (std::size_t i = 0; i < d; ++i) ws.window_num_[g * d + i] -= w * ws.center_[i];
+    }
   }
 
   // ---- stage: heads -------------------------------------------------------------------
@@ -447,6 +495,7 @@ struct attend_stages {
     group_stats& stats = ws.stats_;
     head_state st;
     st.g = g;
+    st.hv = cx.head(g);
     st.keys_read = cx.fixed_rows() + ws.head_max_keys_[g];
     st.values_read = cx.fixed_rows();
     certificate& cert = certs[g];
@@ -488,7 +537,7 @@ struct attend_stages {
     cert.denominator = unshift(window_weight, ws.head_c_[g], ws.head_max_[g], cx.top);
     exact_rounding r;
     r.head_dim = d;
-    r.eta = double_path_eta(cx.n, score_magnitude(q, d, cx.scale, idx) + grid_shift(cx.top));
+    r.eta = double_path_eta(exact_terms(cx, g), variant_magnitude(q, g, cx, idx) + grid_shift(cx.top));
     r.value_scale = std::sqrt(ws.window_sq_[g] / window_weight);
     r.center_norm = cx.center_norm;
     r.spread = value_scale_upper(r) + r.center_norm;
@@ -634,8 +683,10 @@ struct attend_stages {
     p.level_scale = float(-double(opt.grid_ratio) / std::numbers::ln2);
     p.min_level = first;
     p.max_level = last;
-    const std::size_t m = cx.kernels.find_candidates(u, ws.e_up_.data(), cx.pool_end, p,
-                                                     ws.cand_idx_.data(), ws.cand_lvl_.data());
+    // From the first token that attends (indices relative to it, shifted back below).
+    const std::size_t t0 = cx.first;
+    const std::size_t m = cx.kernels.find_candidates(u + t0, ws.e_up_.data() + t0, cx.pool_end - t0,
+                                                     p, ws.cand_idx_.data(), ws.cand_lvl_.data());
     // Counting sort by level (stable: tokens stay in order within a level).
     const std::size_t J = std::size_t(opt.max_levels);
     std::uint32_t* start = ws.bucket_start_.data();
@@ -645,7 +696,7 @@ struct attend_stages {
     // start[j] is now the beginning of bucket j; scatter with start[j] as the cursor.
     for (std::size_t i = 0; i < m; ++i) {
       const std::size_t j = ws.cand_lvl_[i];
-      ws.bucket_[start[j]++] = ws.cand_idx_[i];
+      ws.bucket_[start[j]++] = ws.cand_idx_[i] + std::uint32_t(t0);
     }
     // Shift back: after the scatter, start[j] is the end of bucket j = start of j + 1.
     for (std::size_t j = J + 1; j > 0; --j) start[j] = start[j - 1];
@@ -805,7 +856,8 @@ struct attend_stages {
       refine_dots(a, codes, m, dp, dot, which);
       for (std::uint32_t k = 0; k < m; ++k) {
         const std::uint32_t t = ws.bucket_[i + k];
-        const double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
+        double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
+        if (cx.modified()) u8 = st.hv.score(u8, t);  // increasing: still a bound
         if (refine_candidate(t, u8, c, level, cx, ws, st)) {
           prefetch_rows_l2(kv.key(t), d * sizeof(T));
           __builtin_prefetch(cx.dist + t);  // admit() reads its distance, at a random place
@@ -841,7 +893,7 @@ struct attend_stages {
         const std::uint32_t t = ws.to_score_[i + j];
         ++st.keys_read;
         const std::size_t before = n_include;
-        admit(t, cx.scale * dots[j], c, level, cx, ws, st, n_include);
+        admit(t, st.hv.score(cx.scale * dots[j], t), c, level, cx, ws, st, n_include);
         if (n_include != before) prefetch_rows_l2(kv.value(t), d * sizeof(T));
       }
     }
@@ -884,7 +936,7 @@ struct attend_stages {
                                    std::span<float> out, std::span<certificate> certs,
                                    attend_workspace& ws) {
     using T = typename KV::element_type;
-    const std::size_t m = progress.exact_count, n = cx.n;
+    const std::size_t m = progress.exact_count, n = cx.attended();
     if (m == 0) return 0;
     group_stats& stats = ws.stats_;
     exact_heads(kv, idx, queries, cx, m, out.data(), ws, false,
@@ -900,6 +952,18 @@ struct attend_stages {
     stats.keys_read += n;
     stats.values_read += n;
     return 2 * n * cx.d * sizeof(T);  // every key and value row once, for all these heads
+  }
+
+  /// The terms exact attention sums for head g: the attended tokens and its sink.
+  static std::size_t exact_terms(const call_context& cx, std::size_t g) noexcept {
+    return cx.attended() + (cx.head(g).has_sink ? 1 : 0);
+  }
+
+  /// What rounding.hpp's bounds take as S for head g: score_magnitude() through the
+  /// variant (head_variant::score_magnitude()).
+  static double variant_magnitude(const float* q, std::size_t g, const call_context& cx,
+                                  const key_index& idx) noexcept {
+    return cx.head(g).score_magnitude(score_magnitude(q, cx.d, cx.scale, idx));
   }
 
   /// scale ||q||_1 max|k| >= |s_i| and >= scale sum_j |q_j k_ij| for every token: what the
@@ -926,7 +990,7 @@ struct attend_stages {
   static void exact_heads(const KV& kv, const key_index& idx, const float* queries,
                           const call_context& cx, std::size_t m, float* out,
                           attend_workspace& ws, bool force_double, double value_norm_max) {
-    const std::size_t d = cx.d, n = cx.n;
+    const std::size_t d = cx.d, n = cx.n, first = cx.first;
     const double scale = cx.scale;
     const isa which = cx.kernels.which;
     const bool float_scale = scale <= 0x1p100 && !force_double;
@@ -937,19 +1001,29 @@ struct attend_stages {
       double qmax = 0.0;
       for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(q[j])));
       ws.exact_float_[i] = float_scale && scale * qmax <= 0x1p100 && !(std::fabs(ws.head_max_[g]) > 1024.0);
-      if (ws.exact_float_[i]) std::copy_n(q, d, ws.exact_q_.data() + k++ * d);
+      if (ws.exact_float_[i]) {
+        ws.exact_slopes_[k] = float(cx.head(g).slope);
+        std::copy_n(q, d, ws.exact_q_.data() + k++ * d);
+      }
     }
-    if (k > 0)
-      dense_partial(std::span<const float>(ws.exact_q_.data(), k * d), k, kv, float(scale), 0, n,
+    if (k > 0) {
+      // The float pass computes the variant's scores; the sinks join below, in double.
+      attention_variant scores_only;
+      scores_only.logit_softcap = cx.user.variant.logit_softcap;
+      if (!cx.user.variant.alibi_slopes.empty())
+        scores_only.alibi_slopes = std::span<const float>(ws.exact_slopes_.data(), k);
+      dense_partial(std::span<const float>(ws.exact_q_.data(), k * d), k, kv, float(scale), first, n,
                     std::span<float>(ws.exact_m_.data(), k), std::span<float>(ws.exact_l_.data(), k),
-                    std::span<float>(ws.exact_out_.data(), k * d), ws.dense_ws_);
+                    std::span<float>(ws.exact_out_.data(), k * d), ws.dense_ws_, scores_only);
+    }
     std::size_t f = 0;  // the float pass's row of the next head that joined it
     for (std::size_t i = 0; i < m; ++i) {
       const std::size_t g = ws.exact_heads_[i];
+      const head_variant hv = cx.head(g);
       const float* q = queries + g * d;
       float* o = out + g * d;
       double& c = ws.head_max_[g];
-      const double magnitude = score_magnitude(q, d, scale, idx);
+      const double magnitude = variant_magnitude(q, g, cx, idx);
       exact_rounding& r = ws.exact_rounding_[g];
       r = {};
       r.head_dim = d;
@@ -957,33 +1031,40 @@ struct attend_stages {
         const float mk = ws.exact_m_[f], lk = ws.exact_l_[f];
         const float* ok = ws.exact_out_.data() + f * d;
         ++f;
-        const double cref = std::isnan(c) ? double(mk) : c;
+        double cref = std::isnan(c) ? double(mk) : c;
+        if (std::isnan(c) && hv.has_sink) cref = std::max(cref, hv.sink);
         bool finite = std::fabs(cref) <= 1024.0;
-        for (std::size_t j = 0; j < d; ++j) finite &= std::isfinite(o[j] = ok[j] / lk);
-        const double den = double(lk) * std::exp(double(mk) - cref);
-        if (finite && den > 0.0 && std::isfinite(den)) {
+        const double keys_weight = double(lk) * std::exp(double(mk) - cref);
+        const double den = keys_weight + (hv.has_sink ? std::exp(hv.sink - cref) : 0.0);
+        // o = acc e^{m - c} / D: acc / l without a sink.
+        const double to_out = hv.has_sink ? std::exp(double(mk) - cref) / den : 1.0 / double(lk);
+        for (std::size_t j = 0; j < d; ++j)
+          finite &= std::isfinite(o[j] = hv.has_sink ? float(double(ok[j]) * to_out) : ok[j] / lk);
+        if (finite && keys_weight > 0.0 && std::isfinite(den)) {
           c = cref;
           ws.window_weight_[g] = den;
-          r.eta = dense_kernel_eta(n, d, magnitude);
+          r.eta = dense_kernel_eta(exact_terms(cx, g), d, magnitude);
           r.spread = value_norm_max;  // >= sum_i a_i ||v_i||; value scale: <= M
           continue;
         }
       }
+      auto score = [&](std::size_t t) {
+        return hv.score(scale * score_dot_fast(q, kv.key(t), d, which), t);
+      };
       if (std::isnan(c)) {  // the exact maximum, for the double path's weights
-        c = -std::numeric_limits<double>::infinity();
-        for (std::size_t t = 0; t < n; ++t)
-          c = std::max(c, scale * score_dot_fast(q, kv.key(t), d, which));
+        c = hv.has_sink ? hv.sink : -std::numeric_limits<double>::infinity();
+        for (std::size_t t = first; t < n; ++t) c = std::max(c, score(t));
       }
       std::fill(ws.exact_num_.begin(), ws.exact_num_.end(), 0.0);
-      double den = 0.0, sq = 0.0;
-      for (std::size_t t = 0; t < n; ++t) {
-        const double w = std::exp(scale * score_dot_fast(q, kv.key(t), d, which) - c);
+      double den = hv.has_sink ? std::exp(hv.sink - c) : 0.0, sq = 0.0;
+      for (std::size_t t = first; t < n; ++t) {
+        const double w = std::exp(score(t) - c);
         den += w;
         sq += w * accumulate_row(kv.value(t), d, w, ws.exact_num_.data(), which);
       }
       for (std::size_t j = 0; j < d; ++j) o[j] = float(ws.exact_num_[j] / den);
       ws.window_weight_[g] = den;
-      r.eta = double_path_eta(n, magnitude + std::fabs(c) * 0x1p-40);
+      r.eta = double_path_eta(exact_terms(cx, g), magnitude + std::fabs(c) * 0x1p-40);
       r.value_scale = std::sqrt(sq / den);
       r.spread = value_scale_upper(r);
     }
@@ -1012,7 +1093,8 @@ struct attend_stages {
                             attend_workspace& ws) noexcept {
     group_stats& stats = ws.stats_;
     const std::size_t F = cx.fixed_rows(), row_bytes = cx.d * sizeof(typename KV::element_type);
-    const std::size_t shared = cx.pool_blocks() * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) +
+    const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
+    const std::size_t shared = blocks * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) +
                                2 * F * row_bytes + exact_pass_bytes;
     stats.keys_read += F;
     stats.values_read += F;
@@ -1021,7 +1103,7 @@ struct attend_stages {
       stats.bytes_read += certs[g].bytes_read;
       certs[g].bytes_read += shared / cx.group;
     }
-    stats.dense_bytes = 2 * cx.n * row_bytes;
+    stats.dense_bytes = 2 * cx.attended() * row_bytes;
   }
 
   // ---- route --------------------------------------------------------------------------
@@ -1033,7 +1115,7 @@ struct attend_stages {
                           const call_context& cx, std::span<float> out,
                           std::span<certificate> certs, attend_workspace& ws) {
     using T = typename KV::element_type;
-    const std::size_t n = cx.n, d = cx.d, group = cx.group;
+    const std::size_t n = cx.attended(), d = cx.d, group = cx.group;
     for (std::size_t g = 0; g < group; ++g) {
       ws.exact_heads_[g] = std::uint32_t(g);
       ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();

@@ -11,6 +11,7 @@
 #include <certattn/arch/scalar/dense_kernels.hpp>
 #include <certattn/common.hpp>
 #include <certattn/layout.hpp>
+#include <certattn/variant.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -251,12 +252,15 @@ inline void dense_normalise(const float* acc, const float* sums, std::size_t row
 /// per query m = max score, l = sum exp(s - m), acc = sum exp(s - m) v (scores s =
 /// softmax_scale * q.k; softmax_scale 0 means 1/sqrt(head_dim)). An empty range gives
 /// m = -inf, l = 0, acc = 0. queries [group][head_dim]; max_scores, sums [group];
-/// acc [group][head_dim].
+/// acc [group][head_dim]. `variant` (variant.hpp, spans of `group` entries) modifies the
+/// scores (soft-cap, position bias relative to token kv.size() - 1); its sliding window and
+/// sinks are not applied here: the range is the caller's, and a sink joins the merged
+/// state's sum (dense_attend() applies both).
 template <kv_view KV>
 void dense_partial(std::span<const float> queries, std::size_t group, const KV& kv,
                    float softmax_scale, std::size_t begin, std::size_t end,
                    std::span<float> max_scores, std::span<float> sums, std::span<float> acc,
-                   dense_workspace& ws) {
+                   dense_workspace& ws, const attention_variant& variant = {}) {
   using T = typename KV::element_type;
   using A = detail::dense_workspace_access;
   const std::size_t d = kv.head_dim();
@@ -271,6 +275,7 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   detail::dense_check_size(sums.size(), group, "sums", "group");
   detail::dense_check_size(acc.size(), group * d, "acc", "group * head_dim");
   detail::dense_check_workspace(ws, group, d, 1);
+  validate(variant, group, "variant");
   const float scale = detail::dense_effective_scale(softmax_scale, d);
   detail::dense_scale_queries(queries, group, d, scale, A::queries(ws));
 
@@ -292,6 +297,9 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   args.acc = acc.data();
   args.acc_stride = d;
   args.prefetch_distance = detail::dense_prefetch_rows;
+  args.softcap = float(variant.logit_softcap);
+  args.slopes = variant.alibi_slopes.empty() ? nullptr : variant.alibi_slopes.data();
+  const double newest = kv.size() > 0 ? double(kv.size() - 1) : 0.0;
   constexpr std::size_t C = detail::dense_chunk_tokens;
   detail::dense_run_units((end - begin + C - 1) / C, args, detail::select_dense_kernel<T>(), ws,
                           [&](std::size_t u, const void** keys, const void** values) {
@@ -299,27 +307,35 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
                             detail::dense_fill_rows(kv, t0, n, keys, values);
                             return n;
                           },
-                          [](std::size_t, detail::dense_chunk_args&) {});
+                          [&](std::size_t u, detail::dense_chunk_args& a) {
+                            a.position = float(double(begin + u * C) - newest);
+                          });
 }
 
 /// Exact attention of `group` queries (row-major [group][head_dim], not yet scaled) over
 /// tokens [begin, min(end, kv.size())) of kv; writes the normalised outputs to out
-/// [group][head_dim]. softmax_scale 0 means 1/sqrt(head_dim).
+/// [group][head_dim]. softmax_scale 0 means 1/sqrt(head_dim). `variant` (variant.hpp,
+/// spans of `group` entries): the scores' soft-cap and position bias, the sliding window
+/// (tokens before kv.size() - W are skipped) and the sinks (e^{z - m} joins each sum).
 template <kv_view KV>
 void dense_attend(std::span<const float> queries, std::size_t group, const KV& kv,
                   float softmax_scale, std::span<float> out, dense_workspace& ws,
-                  std::size_t begin = 0, std::size_t end = SIZE_MAX) {
+                  std::size_t begin = 0, std::size_t end = SIZE_MAX,
+                  const attention_variant& variant = {}) {
   using A = detail::dense_workspace_access;
   if (group == 0) throw error("group must be > 0");
   if (end == SIZE_MAX) end = kv.size();
-  if (begin == end)
-    throw error("begin == end (" + std::to_string(end) +
-                "): attention over an empty token range is undefined");
+  begin = std::max(begin, variant.first_token(kv.size()));
+  if (begin >= end)
+    throw error("begin (" + std::to_string(begin) + ") >= end (" + std::to_string(end) +
+                "), after the sliding window: attention over an empty token range is undefined");
   detail::dense_check_size(out.size(), group * kv.head_dim(), "out", "group * head_dim");
   detail::dense_check_workspace(ws, group, kv.head_dim(), 1);
   // The state lives in the workspace's head-0 slots and the accumulator in out itself.
   std::span<float> m(A::max_scores(ws), group), l(A::sums(ws), group);
-  dense_partial(queries, group, kv, softmax_scale, begin, end, m, l, out, ws);
+  dense_partial(queries, group, kv, softmax_scale, begin, end, m, l, out, ws, variant);
+  for (std::size_t g = 0; g < variant.sinks.size(); ++g)
+    l[g] += std::exp(variant.sinks[g] - m[g]);  // +inf when the sink takes all: o = 0
   detail::dense_normalise(out.data(), l.data(), group, kv.head_dim(), out.data());
 }
 

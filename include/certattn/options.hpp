@@ -3,6 +3,7 @@
 #pragma once
 
 #include <certattn/common.hpp>
+#include <certattn/variant.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +121,8 @@ struct options {
   certificate_kind certificate = certificate_kind::kTight;
   routing route = routing::kAuto;               // exact answers where sparse would cost more
   cost_model cost{};                            // the break-even of `route`
+  attention_variant variant{};                  // soft-cap, position bias, sinks, sliding
+                                                // window (variant.hpp); default: plain
 
   /// The classic certificate's per-event failure budget delta / ((J+1) * 3): three events
   /// per level (count interval, second-moment bound, numerator bound), union-bounded over
@@ -144,11 +147,13 @@ struct options {
   /// tau = 2^(-(j - coarse_levels()) / r) relative to the largest weight.
   int total_levels() const noexcept { return max_levels + coarse_levels(); }
 
-  /// The rows read exactly at every call: the newest min(window, n_tokens). A cache no
-  /// longer than the window has no pool: the call is exact attention, certified by its
-  /// rounding bound (rounding.hpp).
+  /// The rows read exactly at every call: the newest min(window, attended tokens). A
+  /// cache whose attended tokens (all n_tokens, or the sliding window's) are no more than
+  /// the window has no pool: the call is exact attention, certified by its rounding bound
+  /// (rounding.hpp).
   std::size_t effective_window(std::size_t n_tokens) const noexcept {
-    return window < n_tokens ? window : n_tokens;
+    const std::size_t attended = n_tokens - variant.first_token(n_tokens);
+    return window < attended ? window : attended;
   }
 
   double effective_softmax_scale(std::size_t head_dim) const noexcept {
@@ -201,6 +206,9 @@ inline void validate(const options& o) {
   if (!(o.cost.give_up >= 1.0) || !std::isfinite(o.cost.give_up))
     throw error("options.cost.give_up must be finite and >= 1, got " +
                 std::to_string(o.cost.give_up));
+  if (!(o.variant.logit_softcap >= 0.0 && o.variant.logit_softcap <= attention_variant::kMaxParameter))
+    throw error("options.variant.logit_softcap must lie in [0, 2^20] (0 = off), got " +
+                std::to_string(o.variant.logit_softcap));
   switch (o.scale) {
     case error_scale::kDenominator:
     case error_scale::kOutputNorm:

@@ -76,6 +76,8 @@ struct reference_extras {
 
 /// The certified estimate for query q over all rows of keys/values (token order: oldest
 /// first; the last options.window rows are the window, all of them when there are fewer).
+/// options.variant's spans hold this head's entry (or none): its scores, sliding window
+/// and sink are those of exact_attention() with the same variant.
 template <class Q, cache_element T>
 inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> keys,
                                          matrix_view<T> values, const options& opt,
@@ -84,15 +86,20 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   validate(opt);
   validate_shape(opt, keys.rows, keys.cols);
   detail::check_attention_inputs(q, keys, values);
+  validate(opt.variant, 1, "options.variant");
 
   const std::size_t n = keys.rows, d = keys.cols, pool_end = n - opt.effective_window(n);
+  // The variant: tokens [first, n) attend, the pool is [first, pool_end).
+  const head_variant hv = head_variant_of(opt.variant, 0, n);
+  const std::size_t first = hv.first, attended = n - first;
   // The level loop's grid: levels 0..total_levels(), weights relative to c + shift.
   const options grid = shifted_grid(opt);
   const int J = grid.max_levels, r = opt.grid_ratio, top = opt.top_halvings();
-  const std::vector<double> s = exact_scores(q, keys, opt.effective_softmax_scale(d));
+  const std::vector<double> s = exact_scores(q, keys, opt.effective_softmax_scale(d), hv);
 
   reference_result res;
-  res.max_score = *std::max_element(s.begin(), s.end());
+  res.max_score = *std::max_element(s.begin() + std::ptrdiff_t(first), s.end());
+  if (hv.has_sink) res.max_score = std::max(res.max_score, hv.sink);
   const double c = res.max_score;  // a function of q and the cache only: no peeking
   const double cw = c + grid_shift(top);  // the weights' reference: w_i = exp(s_i - cw)
 
@@ -140,10 +147,10 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     return a;
   };
 
-  // Window and exact set: exact sums.
+  // Window and exact set: exact sums. A sink is one more exact row, of value 0.
   double window_weight = 0.0, window_sq = 0.0;
   std::vector<double> window_num(d, 0.0);
-  for (std::size_t t = 0; t < n; ++t) {
+  for (std::size_t t = first; t < n; ++t) {
     if (!in_exact_set(t)) continue;
     if (t < pool_end) ++res.exact_set;
     const double w = std::exp(s[t] - cw);
@@ -151,12 +158,21 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     window_sq += w * value_sq(t);
     for (std::size_t i = 0; i < d; ++i) window_num[i] += w * dev(t, i);
   }
+  if (hv.has_sink) {
+    const double w = std::exp(hv.sink - cw);
+    window_weight += w;
+    for (std::size_t i = 0; i < d; ++i) window_num[i] -= w * double(center[i]);
+  }
 
   // Levels at which each pool key is heavy and sampled.
   const perturbation pert(opt.seed, nk);
   res.sample_level.resize(pool_end);
   res.heavy_level.resize(pool_end);
   for (std::size_t t = 0; t < pool_end; ++t) {
+    if (t < first) {  // outside the sliding window: never read
+      res.heavy_level[t] = res.sample_level[t] = J + 1;
+      continue;
+    }
     if (in_exact_set(t)) {
       res.heavy_level[t] = res.sample_level[t] = -1;
       continue;
@@ -170,14 +186,15 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
 
   // Routing (options::route): the whole call by exact attention when the history says so,
   // and a head whose sample outgrows its budget stops there (answered exactly below).
-  const bool routed = pool_end > 0 && extras.history && extras.history->routes_dense(opt);
+  const std::size_t pool = pool_end - first;
+  const bool routed = pool > 0 && extras.history && extras.history->routes_dense(opt);
   const bool joined = !routed && opt.route == routing::kAuto && extras.group_exact &&
-                      pool_end > res.exact_set;
-  const std::size_t budget = sample_budget(opt, n);
+                      pool > res.exact_set;
+  const std::size_t budget = sample_budget(opt, attended);
   const std::size_t head_budget = budget - std::min(extras.group_spent, budget);
   bool over_budget = false;
   std::vector<double> exact_num(d), light_sum(d), o_hat(d), c0(d);
-  for (int j = 0; j <= J && pool_end > res.exact_set && !routed && !joined; ++j) {
+  for (int j = 0; j <= J && pool > res.exact_set && !routed && !joined; ++j) {
     const double tau = tau_of(j, r);
     level_sums sums;
     sums.tau = tau;
@@ -186,7 +203,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     exact_num = window_num;
     std::fill(light_sum.begin(), light_sum.end(), 0.0);
     std::size_t heavy = 0;
-    for (std::size_t t = 0; t < pool_end; ++t) {
+    for (std::size_t t = first; t < pool_end; ++t) {
       if (res.heavy_level[t] < 0) continue;  // exact set: already in the window sums
       if (res.heavy_level[t] <= j) {  // heavy: exact weight
         const double w = std::exp(s[t] - cw);
@@ -238,10 +255,10 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   }
 
   // No level certified (or the pool is empty, or the call routed): exact attention, error 0.
-  const exact_result ex = exact_attention(q, keys, values, opt.effective_softmax_scale(d));
+  const exact_result ex = exact_attention(q, keys, values, opt.effective_softmax_scale(d), opt.variant);
   res.output = ex.output;
   res.cert.path = routed                     ? answer_path::kRouted
-                  : pool_end == res.exact_set ? answer_path::kNoPool
+                  : pool == res.exact_set    ? answer_path::kNoPool
                   : joined                   ? answer_path::kJoined
                   : over_budget              ? answer_path::kOverBudget
                                              : answer_path::kFallback;
@@ -257,10 +274,12 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       for (std::size_t i = 0; i < d; ++i) kmax = std::max(kmax, std::fabs(to_double(keys(t, i))));
     for (float x : center) g2 += double(x) * double(x);
     for (double x : ex.output) o2 += double(float(x)) * double(float(x));
-    const double magnitude = opt.effective_softmax_scale(d) * l1 * double(float(kmax));
+    const double magnitude =
+        hv.score_magnitude(opt.effective_softmax_scale(d) * l1 * double(float(kmax)));
+    const std::size_t terms = attended + (hv.has_sink ? 1 : 0);
     exact_rounding r;
     r.head_dim = d;
-    r.eta = double_path_eta(n, centred ? magnitude + grid_shift(top) : magnitude + std::fabs(c) * 0x1p-40);
+    r.eta = double_path_eta(terms, centred ? magnitude + grid_shift(top) : magnitude + std::fabs(c) * 0x1p-40);
     r.value_scale = ex.value_scale;
     r.center_norm = centred ? std::sqrt(g2) : 0.0;
     r.spread = value_scale_upper(r) + r.center_norm;
@@ -270,9 +289,9 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   res.cert.level = -1;
   res.cert.max_score = c;
   res.cert.denominator = ex.denominator;
-  res.cert.keys_read = n;
-  res.cert.values_read = n;
-  res.cert.bytes_read = 2 * n * d * sizeof(T);
+  res.cert.keys_read = attended;
+  res.cert.values_read = attended;
+  res.cert.bytes_read = 2 * attended * d * sizeof(T);
   return res;
 }
 
@@ -294,10 +313,13 @@ inline std::vector<reference_result> reference_attend_group(
   if (!level_hints.empty() && level_hints.size() != group)
     throw error("reference_attend_group: level_hints has " + std::to_string(level_hints.size()) +
                 " elements, expected 0 or group = " + std::to_string(group));
+  validate(opt.variant, group, "options.variant");
   std::vector<reference_result> out;
   out.reserve(group);
   const std::size_t d = keys.cols;
+  options head_opt = opt;
   for (std::size_t g = 0; g < group; ++g) {
+    head_opt.variant = head_slice(opt.variant, g);
     reference_extras e = extras;
     if (!level_hints.empty())
       e.level_hint = level_hints[g];
@@ -305,7 +327,7 @@ inline std::vector<reference_result> reference_attend_group(
       const std::span<const int> hints = extras.history->hints_for(nk);
       e.level_hint = hints.empty() ? -1 : hints[g];
     }
-    out.push_back(reference_attend(queries.subspan(g * d, d), keys, values, opt, nk, e));
+    out.push_back(reference_attend(queries.subspan(g * d, d), keys, values, head_opt, nk, e));
     extras.group_spent += out.back().sample_size;
     const answer_path p = out.back().cert.path;
     extras.group_exact = extras.group_exact || p == answer_path::kFallback ||

@@ -26,7 +26,8 @@ struct scan_request {
   const float* queries = nullptr;  // [nq][padded_dim], padded channels 0
   std::size_t nq = 0;
   double softmax_scale = 1.0;
-  std::size_t pool_end = 0;        // bounds for tokens [0, pool_end)
+  std::size_t pool_end = 0;        // bounds for tokens [block_begin * 128, pool_end)
+  std::size_t block_begin = 0;     // the first block scanned (a sliding window's)
   float* u = nullptr;              // [nq][u_stride] out
   std::size_t u_stride = 0;
   float* block_max = nullptr;      // [nq][block_stride] out: max u over a block's pool tokens
@@ -56,7 +57,7 @@ inline void prefetch_block_scales(const key_index& idx, std::size_t b) noexcept 
     const std::size_t nb = (r.pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens; \
     const scan_constants k = make_scan_constants(dp, r.softmax_scale);                      \
     for (std::size_t g = 0; g < r.nq; ++g) r.prep[g].max_abs_q = MAXABS(r.queries + g * dp, dp); \
-    for (std::size_t b = 0; b < nb; ++b) {                                                  \
+    for (std::size_t b = r.block_begin; b < nb; ++b) {                                      \
       const float* lo = idx.block_lo(b);                                                    \
       const float* st = idx.block_step4(b);                                                 \
       PREP(lo, st, r.queries, dp, r.nq, r.qa, r.prep);                                      \

@@ -157,6 +157,7 @@ class attend_workspace {
     exact_out_.assign(group * head_dim, 0.0f);
     exact_m_.assign(group, 0.0f);
     exact_l_.assign(group, 0.0f);
+    exact_slopes_.assign(group, 0.0f);
     exact_float_.assign(group, 0);
     head_levels_.assign(group, -1);
     exact_rounding_.assign(group, {});
@@ -247,6 +248,7 @@ class attend_workspace {
   std::vector<std::uint32_t> exact_heads_;  // [group] heads answered exactly, this call
   std::vector<float> exact_q_, exact_out_;  // [group][head_dim] their queries and outputs
   std::vector<float> exact_m_, exact_l_;    // [group] the dense pass's softmax states
+  std::vector<float> exact_slopes_;         // [group] their position-bias slopes
   std::vector<std::uint8_t> exact_float_;   // [group] 1: the head joins the float pass
   std::vector<int> head_levels_;            // [group] stopping levels (group_history)
   std::vector<exact_rounding> exact_rounding_;  // [group] the exact answers' rounding

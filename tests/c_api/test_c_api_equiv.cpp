@@ -87,6 +87,10 @@ certattn_options to_c(const options& o) {
   r.cost.per_key = o.cost.per_key;
   r.cost.give_up = o.cost.give_up;
   r.cost.measured = o.cost.measured ? 1 : 0;
+  r.variant.logit_softcap = o.variant.logit_softcap;
+  r.variant.alibi_slopes = o.variant.alibi_slopes.empty() ? nullptr : o.variant.alibi_slopes.data();
+  r.variant.sinks = o.variant.sinks.empty() ? nullptr : o.variant.sinks.data();
+  r.variant.sliding_window = o.variant.sliding_window;
   return r;
 }
 
@@ -193,6 +197,14 @@ void run_case(const equiv_case& p) {
     outnorm.scale = error_scale::kOutputNorm;
     outnorm.softmax_scale = 0.2;
     outnorm.window = 16;
+    // A model's variant: soft-cap, position bias, sinks and a sliding window at once.
+    const std::vector<float> slopes = {0.01f, 0.002f, -0.001f, 0.0005f}, sinks = {2.0f, -1.0f, 0.5f, 4.0f};
+    options variant_opt;
+    variant_opt.route = routing::kOff;
+    variant_opt.variant.logit_softcap = 20.0;
+    variant_opt.variant.alibi_slopes = slopes;
+    variant_opt.variant.sinks = sinks;
+    variant_opt.variant.sliding_window = 3000;
 
     std::vector<float> out(G * d), cout_(G * d);
     std::vector<certificate> certs(G);
@@ -203,8 +215,12 @@ void run_case(const equiv_case& p) {
       const std::vector<float> q = synthetic::make_queries(src, kHead, G, step);
       const noise_key nk(step, 2, kHead, step % 3);
       const certattn_noise_key ck{step, 2, std::uint32_t(kHead), step % 3};
-      for (int variant = 0; variant < 4; ++variant) {
-        const options& o = variant == 0 ? tight : variant == 1 ? classic : variant == 2 ? denom : outnorm;
+      for (int variant = 0; variant < 5; ++variant) {
+        const options& o = variant == 0   ? tight
+                           : variant == 1 ? classic
+                           : variant == 2 ? denom
+                           : variant == 3 ? outnorm
+                                          : variant_opt;
         const bool with_history = variant == 0;  // the history follows one option set
         const certattn_options co = to_c(o);
         if (with_history)
@@ -256,6 +272,17 @@ void run_case(const equiv_case& p) {
       g_counting = false;
       allocations += g_allocations.load();
       EXPECT_EQ(std::memcmp(out.data(), cout_.data(), out.size() * sizeof(float)), 0);
+      // ... and with a variant.
+      const certattn_options cv = to_c(variant_opt);
+      dense_attend(std::span<const float>(q), G, kv, 0.0f, std::span<float>(out), dws, 0, SIZE_MAX,
+                   variant_opt.variant);
+      g_allocations = 0;
+      g_counting = true;
+      ASSERT_EQ(certattn_dense_attend_variant(q.data(), G, &cc, 0.0f, &cv.variant, cout_.data(), cws),
+                CERTATTN_OK);
+      g_counting = false;
+      allocations += g_allocations.load();
+      EXPECT_EQ(std::memcmp(out.data(), cout_.data(), out.size() * sizeof(float)), 0);
     }
     EXPECT_EQ(allocations, 0) << "certified and dense C calls after setup";
     EXPECT_GT(sparse + routed, 0u);
@@ -275,6 +302,19 @@ void run_case(const equiv_case& p) {
       EXPECT_EQ(cr.denominator, r.denominator);
       EXPECT_EQ(cr.value_scale, r.value_scale);
       EXPECT_EQ(cr.output_norm, r.output_norm);
+      // With a variant (this head's entries).
+      const attention_variant hv = head_slice(variant_opt.variant, 2);
+      const exact_result rv = exact_attention(std::span<const float>(q), make_matrix_view(k.data(), n, d),
+                                              make_matrix_view(v.data(), n, d), 0.3, hv);
+      certattn_variant chv{hv.logit_softcap, hv.alibi_slopes.data(), hv.sinks.data(), hv.sliding_window};
+      ASSERT_EQ(certattn_exact_attention_variant(q.data(), &cc, 0.3, &chv, o.data(), &cr), CERTATTN_OK);
+      EXPECT_EQ(std::memcmp(o.data(), rv.output.data(), d * sizeof(double)), 0);
+      EXPECT_EQ(cr.denominator, rv.denominator);
+      // A bad variant names its field.
+      chv.logit_softcap = -1.0;
+      EXPECT_EQ(certattn_exact_attention_variant(q.data(), &cc, 0.3, &chv, o.data(), &cr), CERTATTN_EINVAL);
+      EXPECT_NE(std::string(certattn_last_error()).find("variant.logit_softcap"), std::string::npos)
+          << certattn_last_error();
     }
 
     certattn_history_destroy(chist);

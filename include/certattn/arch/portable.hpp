@@ -431,6 +431,7 @@ inline void dense_chunk(const dense_chunk_args& a) {
     for (std::size_t g = 0; g < G; ++g)
       a.scores[g * C + t] = dense_clamp_score(dense_dot16(a.queries + g * a.q_stride, row, a.q_stride));
   }
+  dense_apply_variant(a);
   for (std::size_t g = 0; g < G; ++g) {
     float* s = a.scores + g * C;
     const float m_old = a.max_scores[g];

@@ -140,6 +140,17 @@ typedef struct certattn_cost_model {
                      * costs (certattn::cost_model::measured); 0: on the prediction alone */
 } certattn_cost_model;
 
+/* certattn::attention_variant (docs/integration.md, "Model families"): the attention of a
+ * model beyond plain scaled dot products. Zero-filled (the default): plain attention.
+ * The arrays are the caller's, one entry per query head of the call (`group` for the
+ * group calls, 1 for certattn_exact_attention_variant), and must outlive the call. */
+typedef struct certattn_variant {
+  double logit_softcap;       /* 0: off; > 0: s = cap tanh(s / cap) (Gemma 2: 50) */
+  const float* alibi_slopes;  /* NULL, or per head m: s_i += m (i - (n - 1)) (ALiBi) */
+  const float* sinks;         /* NULL, or per head a sink logit z in the denominator (gpt-oss) */
+  size_t sliding_window;      /* 0: every token; W: the newest W tokens only */
+} certattn_variant;
+
 /* certattn::options. Start from certattn_options_default() and set what you need. */
 typedef struct certattn_options {
   double epsilon;        /* target error relative to scale (default 0.1) */
@@ -154,6 +165,7 @@ typedef struct certattn_options {
   int32_t certificate;   /* certattn_certificate_kind (default tight) */
   int32_t route;         /* certattn_routing (default auto) */
   certattn_cost_model cost;
+  certattn_variant variant; /* default: plain attention */
 } certattn_options;
 
 /* The perturbation key of a call: advance step at every decoding step. sequence tells
@@ -296,11 +308,27 @@ CERTATTN_C_EXPORT int certattn_dense_attend(const float* queries, size_t group,
                                             const certattn_cache* cache, float softmax_scale,
                                             float* out, certattn_workspace* workspace);
 
+/* The same with a variant (its arrays of `group` entries; NULL: plain): soft-cap, position
+ * bias, sliding window and sinks, as certattn_attend_group() computes them. */
+CERTATTN_C_EXPORT int certattn_dense_attend_variant(const float* queries, size_t group,
+                                                    const certattn_cache* cache,
+                                                    float softmax_scale,
+                                                    const certattn_variant* variant, float* out,
+                                                    certattn_workspace* workspace);
+
 /* Exact attention of one query [head_dim] in double precision (certattn::exact_attention,
  * the reference of every check): out [head_dim]; result may be NULL. Allocates. */
 CERTATTN_C_EXPORT int certattn_exact_attention(const float* query, const certattn_cache* cache,
                                                double softmax_scale, double* out,
                                                certattn_exact_result* result);
+
+/* The same with a variant (its arrays of 1 entry, this head's; NULL: plain). */
+CERTATTN_C_EXPORT int certattn_exact_attention_variant(const float* query,
+                                                       const certattn_cache* cache,
+                                                       double softmax_scale,
+                                                       const certattn_variant* variant,
+                                                       double* out,
+                                                       certattn_exact_result* result);
 
 #ifdef __cplusplus
 } /* extern "C" */

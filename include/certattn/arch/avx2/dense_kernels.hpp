@@ -293,6 +293,7 @@ CERTATTN_TARGET_AVX2 inline void dense_chunk(const dense_chunk_args& a) {
     default:
       break;
   }
+  dense_apply_variant(a);
   for (std::size_t i = 0; i < G; ++i)
     a.alpha[i] = softmax_step(a.scores + i * dense_chunk_tokens, a.n, a.max_scores[i], a.sums[i]);
   for (g = 0; g + 4 <= G; g += 4) value_pass<T, 4>(a, g);

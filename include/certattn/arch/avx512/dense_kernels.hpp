@@ -341,6 +341,7 @@ CERTATTN_TARGET_AVX512 inline void dense_chunk(const dense_chunk_args& a) {
     default:
       break;
   }
+  dense_apply_variant(a);
   for (g = 0; g < G; g += 4) softmax_block(a, g, G - g < 4 ? G - g : 4);
   for (g = 0; g + 4 <= G; g += 4) value_pass<T, 4>(a, g);
   switch (G - g) {

@@ -48,7 +48,34 @@ struct dense_chunk_args {
   std::size_t acc_stride = 0;
   std::size_t rows_ahead = 0;
   std::size_t prefetch_distance = 0;  // rows between a row's prefetch and its first read
+  // The score variant (variant.hpp), applied to the chunk's scores before its softmax step
+  // by dense_apply_variant(): soft-cap (0 off), then the position bias slope[g] (t - newest)
+  // with `position` = first token of the chunk - newest (slopes null: none).
+  float softcap = 0.0f;
+  const float* slopes = nullptr;  // [group] or null
+  float position = 0.0f;
 };
+
+/// The variant's scores of the chunk, in place: s = cap tanh(s / cap), then
+/// s += slope (position + t). In float with the C library's tanhf (within 2 ulp), whose
+/// error the dense kernel's rounding bound covers (rounding.hpp, via
+/// head_variant::score_magnitude()). Every kernel calls it between its scores and its
+/// softmax step; plain attention skips it at one branch per chunk.
+inline void dense_apply_variant(const dense_chunk_args& a) noexcept {
+  if (a.softcap <= 0.0f && a.slopes == nullptr) return;
+  constexpr std::size_t C = dense_chunk_tokens;
+  for (std::size_t g = 0; g < a.group; ++g) {
+    float* s = a.scores + g * C;
+    if (a.softcap > 0.0f) {
+      const float cap = a.softcap, inv = 1.0f / a.softcap;
+      for (std::size_t t = 0; t < a.n; ++t) s[t] = cap * std::tanh(s[t] * inv);
+    }
+    if (a.slopes != nullptr) {
+      const float m = a.slopes[g];
+      for (std::size_t t = 0; t < a.n; ++t) s[t] += m * (a.position + float(t));
+    }
+  }
+}
 
 /// Software prefetch of every cache line of a row. Kernels prefetch key row t + distance
 /// during their first pass over this chunk's keys and value row t + distance during their
@@ -135,6 +162,7 @@ inline void dense_chunk(const dense_chunk_args& a) {
       a.scores[g * C + t] = dense_clamp_score(part[0]);
     }
   }
+  dense_apply_variant(a);
   for (std::size_t g = 0; g < G; ++g) {
     float* s = a.scores + g * C;
     const float m_old = a.max_scores[g];
