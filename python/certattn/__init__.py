@@ -167,6 +167,37 @@ def _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, gri
         routing, *_cost(cost), _cost_measured(cost))
 
 
+def _head_values(x, name: str, heads: int) -> list[float]:
+    """A per-query-head float array (alibi_slopes, sinks): one finite value per query head."""
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
+    if a.size != heads:
+        raise ValueError(f"{name}: {a.size} values for {heads} query heads (one per query head, in q's order)")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} contains a NaN or Inf")
+    return [float(v) for v in a]
+
+
+def _variant(softcap, alibi_slopes, sinks, sliding_window, heads: int):
+    """The call's attention variant (C++ attention_variant), or None for plain attention."""
+    if softcap is None and alibi_slopes is None and sinks is None and sliding_window is None:
+        return None
+    cap = 0.0
+    if softcap is not None:
+        cap = _real(softcap, "softcap")
+        if not cap > 0.0:
+            raise ValueError(f"softcap must be > 0 (None: no soft-cap), got {cap}")
+    window = 0
+    if sliding_window is not None:
+        window = _count(sliding_window, "sliding_window")
+        if window == 0:
+            raise ValueError("sliding_window must be > 0 (None: every token attends)")
+    slopes = [] if alibi_slopes is None else _head_values(alibi_slopes, "alibi_slopes", heads)
+    sink_values = [] if sinks is None else _head_values(sinks, "sinks", heads)
+    return _core.Variant(cap, window, slopes, sink_values)
+
+
 def _group_queries(q: np.ndarray, k: np.ndarray, name: str = "q") -> tuple[np.ndarray, tuple[int, ...]]:
     """q as [kv_heads, group, d] for the cache k, and the shape the result takes."""
     d = k.shape[-1]
@@ -270,7 +301,8 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
            certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0, step: int | None = None,
            layer: int | None = None, kv_head: int = 0, sequence: int = 0, level_hints=None, history=None,
            routing: str = "auto", cost=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
-           grid_top: int = 6, threads: int = 1, out=None):
+           grid_top: int = 6, threads: int = 1, out=None, softcap=None, alibi_slopes=None, sinks=None,
+           sliding_window=None):
     """Certified attention of one decoding step.
 
     One group: k, v [n, d] (one KV head), q [G, d] (or [d]); kv_head names the head in the
@@ -291,6 +323,12 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     is given; False uses neither (no hints, no routing across calls); True requires them.
     ``level_hints``: None, or the previous step's ``certs["level"]`` of this layer (then no
     history is used or updated).
+
+    The attention variants of current models (docs/integration.md, "Model families"):
+    ``softcap`` (s = cap tanh(s / cap), Gemma 2: 50), ``alibi_slopes`` (one slope m per
+    query head, s_i += m (i - (n - 1))), ``sinks`` (one logit per query head in the
+    denominator, gpt-oss) and ``sliding_window`` (only the newest W tokens attend); None
+    (default): off.
 
     Returns ``(out, certs)``: out float32 in q's shape (a torch tensor when q is one),
     certs a structured array (CERTIFICATE_DTYPE) with one record per query head.
@@ -324,25 +362,32 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
         if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
             raise ValueError("level_hints: levels are >= -1")
         hints = np.ascontiguousarray(hints, dtype=np.int32)
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
     o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
                             _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
-                            use_history, out, _count(threads, "threads"))
+                            use_history, out, _count(threads, "threads"), variant)
     return _like(o.reshape(shape), q), certs.reshape(shape[:-1])
 
 
-def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1):
-    """Exact attention with the library's vectorised dense kernel (float32 accumulation)."""
+def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1, softcap=None, alibi_slopes=None,
+                 sinks=None, sliding_window=None):
+    """Exact attention with the library's vectorised dense kernel (float32 accumulation), with
+    the variant arguments of attend()."""
     kc, vc = _cache(k, "k"), _cache(v, "v")
     q3, shape = _group_queries(_queries(q), kc)
-    o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"))
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
+    o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"), variant)
     return _like(o.reshape(shape), q)
 
 
-def exact_attention(q, k, v, *, softmax_scale: float = 0.0):
-    """Exact attention in double (the tests' truth). Returns (out float64, info EXACT_DTYPE)."""
+def exact_attention(q, k, v, *, softmax_scale: float = 0.0, softcap=None, alibi_slopes=None, sinks=None,
+                    sliding_window=None):
+    """Exact attention in double (the tests' truth), with the variant arguments of attend().
+    Returns (out float64, info EXACT_DTYPE)."""
     kc, vc = _cache(k, "k"), _cache(v, "v")
     q3, shape = _group_queries(_queries(q), kc)
-    o, info = _core.exact_attention(q3, kc, vc, _real(softmax_scale, "softmax_scale"))
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
+    o, info = _core.exact_attention(q3, kc, vc, _real(softmax_scale, "softmax_scale"), variant)
     return o.reshape(shape), info.reshape(shape[:-1])
 
 
@@ -350,7 +395,8 @@ def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1
                      scale: str = "value_scale", certificate: str = "tight", softmax_scale: float = 0.0,
                      seed: int = 0, step: int = 0, layer: int = 0, kv_head: int = 0, sequence: int = 0,
                      level_hints=None, history=None, routing: str = "auto", cost=None, window: int = 64,
-                     grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6):
+                     grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6, softcap=None, alibi_slopes=None,
+                     sinks=None, sliding_window=None):
     """The exact-score reference estimator (the C++ reference_attend_group per KV head, the
     test oracle): the same samples, routing decisions and certificates as attend() when
     given the same index (its value centre, cap and reach floor) and options, and either
@@ -367,9 +413,10 @@ def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1
     if history is not None and not isinstance(history, _core.HistorySnapshot):
         raise TypeError(f"history must be None or KeyIndex.history_snapshot()'s result, got {type(history).__name__}")
     hints = None if level_hints is None else np.ascontiguousarray(np.asarray(level_hints), dtype=np.int32)
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
     o, certs = _core.reference_attend(q3, kc, vc, None if index is None else index._core, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
-                                      _count(sequence, "sequence"), hints, history)
+                                      _count(sequence, "sequence"), hints, history, variant)
     return o.reshape(shape), certs.reshape(shape[:-1])
 
 

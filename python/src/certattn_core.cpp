@@ -194,6 +194,33 @@ options make_options(double eps, double delta, const std::string& scale, const s
 /// The group_history of every KV head of an index at one moment (KeyIndex.history_snapshot()):
 /// what reference_attend needs to reproduce the next call made with the histories. Empty
 /// before the first such call.
+/// A call's attention variant (variant.hpp) with its per-query-head arrays owned: slopes
+/// and sinks hold 0 or heads * group entries, query head h * group + g at that index.
+struct py_variant {
+  double softcap = 0.0;
+  std::size_t sliding_window = 0;
+  std::vector<float> slopes, sinks;
+  /// KV head h's group of `group` query heads, as the calls take it.
+  attention_variant head(std::size_t h, std::size_t group, std::size_t heads) const {
+    for (const std::vector<float>* a : {&slopes, &sinks})
+      if (!a->empty() && a->size() != heads * group)
+        throw py::value_error((a == &slopes ? std::string("alibi_slopes") : std::string("sinks")) + ": " +
+                              std::to_string(a->size()) + " values for " + std::to_string(heads * group) +
+                              " query heads");
+    attention_variant v;
+    v.logit_softcap = softcap;
+    v.sliding_window = sliding_window;
+    if (!slopes.empty()) v.alibi_slopes = std::span<const float>(slopes).subspan(h * group, group);
+    if (!sinks.empty()) v.sinks = std::span<const float>(sinks).subspan(h * group, group);
+    return v;
+  }
+};
+
+/// The variant of KV head h, or plain attention without one.
+attention_variant variant_of(const py_variant* v, std::size_t h, std::size_t group, std::size_t heads) {
+  return v == nullptr ? attention_variant{} : v->head(h, group, heads);
+}
+
 struct history_snapshot {
   std::vector<group_history> heads;
 };
@@ -274,7 +301,8 @@ class py_index {
   /// created for this group size when the index holds none for it.
   void attend(const query_arg& q, const cache_arg& k, const cache_arg& v, const options& opt, std::uint64_t step,
               std::uint32_t layer, std::uint32_t kv_head, std::uint64_t sequence, const std::int32_t* hints,
-              bool use_history, float* out, cert_record* certs, std::size_t threads) {
+              bool use_history, float* out, cert_record* certs, std::size_t threads,
+              const py_variant* variant = nullptr) {
     std::lock_guard<std::mutex> lk(mu_);
     const std::size_t G = q.group, d = d_, H = q.heads;
     const bool single = !layer_;
@@ -286,6 +314,8 @@ class py_index {
         [&](std::size_t h, std::size_t w) {
           const std::uint32_t head_id = single ? kv_head : std::uint32_t(h);
           const noise_key nk{step, layer, head_id, sequence};
+          options head_opt = opt;
+          head_opt.variant = variant_of(variant, h, G, H);
           std::span<const int> hint_span;
           if (hints != nullptr) hint_span = std::span<const int>(hints + h * G, G);
           dispatch(dtype_, [&](auto t) {
@@ -293,9 +323,11 @@ class py_index {
             const auto o = std::span<float>(out + h * G * d, G * d);
             const auto c = std::span<certificate>(certs_all.data() + h * G, G);
             if (use_history)
-              attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, opt, o, c, *ws_[w], hist_[h]);
+              attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, head_opt, o, c, *ws_[w],
+                           hist_[h]);
             else
-              attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, opt, o, c, *ws_[w], hint_span);
+              attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, head_opt, o, c, *ws_[w],
+                           hint_span);
           });
         },
         H);
@@ -379,7 +411,7 @@ py::array_t<cert_record> new_certs(std::size_t heads, std::size_t group) {
 py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, py_index& index,
                     const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
                     std::uint64_t sequence, const py::object& hints_in, bool use_history, const py::object& out_in,
-                    std::size_t threads) {
+                    std::size_t threads, const py_variant* variant) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
@@ -414,7 +446,7 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
   cert_record* c = certs.mutable_data();
   {
     py::gil_scoped_release nogil;
-    index.attend(q, k, v, opt, step, layer, kv_head, sequence, hints, use_history, o, c, threads);
+    index.attend(q, k, v, opt, step, layer, kv_head, sequence, hints, use_history, o, c, threads, variant);
   }
   return py::make_tuple(out, certs);
 }
@@ -442,7 +474,7 @@ void check_softmax_scale(double softmax_scale) {
 }
 
 py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale,
-                            std::size_t threads) {
+                            std::size_t threads, const py_variant* variant) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
@@ -459,7 +491,8 @@ py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const 
     run_heads(q.heads, threads, [&](std::size_t h, std::size_t w) {
       dispatch(k.dtype, [&](auto t) {
         dense_attend(std::span<const float>(q.data + h * G * d, G * d), G, k.view_with<decltype(t)>(v, h),
-                     float(softmax_scale), std::span<float>(o + h * G * d, G * d), ws[w]);
+                     float(softmax_scale), std::span<float>(o + h * G * d, G * d), ws[w], 0, SIZE_MAX,
+                     variant_of(variant, h, G, q.heads));
       });
     });
     for (std::size_t i = 0; i < q.heads * G * d; ++i)
@@ -473,7 +506,8 @@ struct exact_record {
   double max_score, denominator, value_scale, output_norm;
 };
 
-py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale) {
+py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale,
+                   const py_variant* variant) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
@@ -491,7 +525,7 @@ py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array
         const exact_result x = dispatch(k.dtype, [&](auto t) {
           using T = decltype(t);
           return exact_attention(std::span<const float>(q.data + row * q.d, q.d), k.matrix<T>(h), v.matrix<T>(h),
-                                 softmax_scale);
+                                 softmax_scale, head_slice(variant_of(variant, h, q.group, q.heads), g));
         });
         std::copy(x.output.begin(), x.output.end(), o + row * q.d);
         r[row] = {x.max_score, x.denominator, x.value_scale, x.output_norm};
@@ -517,7 +551,8 @@ reference_extras extras_of(const py_index* index, std::size_t h, int hint) {
 /// histories as they were before the call, across calls (kRouted) are the fast path's.
 py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, const py_index* index,
                        const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
-                       std::uint64_t sequence, const py::object& hints_in, const history_snapshot* history) {
+                       std::uint64_t sequence, const py::object& hints_in, const history_snapshot* history,
+                       const py_variant* variant) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
@@ -562,10 +597,12 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
       reference_extras ex = extras_of(index, h, -1);
       if (history != nullptr) ex.history = &start[h];
       const std::span<const int> hint_span = hp ? std::span<const int>(hp + h * G, G) : std::span<const int>();
+      options head_opt = opt;
+      head_opt.variant = variant_of(variant, h, G, q.heads);
       const std::vector<reference_result> rs = dispatch(k.dtype, [&](auto t) {
         using T = decltype(t);
         return reference_attend_group(std::span<const float>(q.data + h * G * d, G * d), G, k.matrix<T>(h),
-                                      v.matrix<T>(h), opt, nk, ex, hint_span);
+                                      v.matrix<T>(h), head_opt, nk, ex, hint_span);
       });
       for (std::size_t g = 0; g < G; ++g) {
         const std::size_t row = h * G + g;
@@ -851,6 +888,20 @@ PYBIND11_MODULE(_core, m) {
       .def("sample_budget", [](const options& o, std::size_t tokens) { return sample_budget(o, tokens); },
            py::arg("tokens"));
 
+  py::class_<py_variant>(m, "Variant")
+      .def(py::init([](double softcap, std::size_t sliding_window, std::vector<float> slopes, std::vector<float> sinks) {
+             py_variant v;
+             v.softcap = softcap;
+             v.sliding_window = sliding_window;
+             v.slopes = std::move(slopes);
+             v.sinks = std::move(sinks);
+             attention_variant probe;
+             probe.logit_softcap = softcap;
+             validate(probe, 0, "variant");
+             return v;
+           }),
+           py::arg("softcap"), py::arg("sliding_window"), py::arg("alibi_slopes"), py::arg("sinks"));
+
   py::class_<history_snapshot>(m, "HistorySnapshot")
       .def_property_readonly("kv_heads", [](const history_snapshot& s) { return s.heads.size(); })
       .def_property_readonly("levels", [](const history_snapshot& s) {
@@ -883,13 +934,14 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("attend", &attend_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"), py::arg("options"),
         py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"), py::arg("level_hints"),
-        py::arg("history"), py::arg("out"), py::arg("threads"));
+        py::arg("history"), py::arg("out"), py::arg("threads"), py::arg("variant").none(true) = py::none());
   m.def("dense_attend", &dense_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
-        py::arg("threads"));
-  m.def("exact_attention", &exact_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"));
+        py::arg("threads"), py::arg("variant").none(true) = py::none());
+  m.def("exact_attention", &exact_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
+        py::arg("variant").none(true) = py::none());
   m.def("reference_attend", &reference_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
         py::arg("options"), py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"),
-        py::arg("level_hints"), py::arg("history").none(true));
+        py::arg("level_hints"), py::arg("history").none(true), py::arg("variant").none(true) = py::none());
 
   py::class_<audit_counts>(m, "AuditCounts")
       .def_readonly("calls", &audit_counts::calls)
