@@ -102,6 +102,16 @@ template <class T, class F>
 void with_layout(const certattn_cache& c, F&& f) {
   const T* k = static_cast<const T*>(c.keys);
   const T* v = static_cast<const T*>(c.values);
+  if (c.layout == CERTATTN_LAYOUT_LATENT) {
+    if (v != nullptr && v != k)
+      throw error("cache.values must be NULL or equal to cache.keys for the latent layout (the values "
+                  "are the first value_dim channels of the key rows)");
+    f(certattn::latent_kv<T>(k, c.n_tokens, c.head_dim, c.value_dim, c.key_stride));
+    return;
+  }
+  if (c.value_dim != 0 && c.value_dim != c.head_dim)
+    throw error("cache.value_dim = " + std::to_string(c.value_dim) +
+                ": a value width other than head_dim needs the latent layout");
   if (c.layout == CERTATTN_LAYOUT_STRIDED) {
     f(certattn::strided_kv<T>(k, v, c.n_tokens, c.head_dim, c.key_stride, c.value_stride));
   } else {
@@ -119,14 +129,16 @@ void with_layout(const certattn_cache& c, F&& f) {
 template <class F>
 void with_cache(const certattn_cache* c, F&& f) {
   require(c, "cache");
-  if (c->layout != CERTATTN_LAYOUT_STRIDED && c->layout != CERTATTN_LAYOUT_PAGED)
+  if (c->layout != CERTATTN_LAYOUT_STRIDED && c->layout != CERTATTN_LAYOUT_PAGED &&
+      c->layout != CERTATTN_LAYOUT_LATENT)
     throw error("cache.layout = " + std::to_string(c->layout) +
-                " is not a certattn_layout (0 strided, 1 paged)");
+                " is not a certattn_layout (0 strided, 1 paged, 2 latent)");
   if (c->head_dim == 0 || c->head_dim > kMaxHeadDim)
     throw error("cache.head_dim must lie in [1, 65536], got " + std::to_string(c->head_dim));
   if (c->n_tokens > kMaxTokens)
     throw error("cache.n_tokens must be < 2^32 - 1024, got " + std::to_string(c->n_tokens));
-  if (c->n_tokens > 0 && (c->keys == nullptr || c->values == nullptr))
+  if (c->n_tokens > 0 &&
+      (c->keys == nullptr || (c->values == nullptr && c->layout != CERTATTN_LAYOUT_LATENT)))
     throw error("cache.keys and cache.values must not be NULL (cache.n_tokens = " +
                 std::to_string(c->n_tokens) + ")");
   switch (c->dtype) {
@@ -504,7 +516,7 @@ int certattn_attend_group(const float* queries, size_t group, const certattn_cac
         throw error("cache.head_dim (" + std::to_string(d) + ") != the workspace's head_dim (" +
                     std::to_string(workspace->ws.head_dim()) + ")");
       const std::span<const float> q(queries, group * d);
-      const std::span<float> o(out, group * d);
+      const std::span<float> o(out, group * certattn::value_dim_of(kv));
       const std::span<certattn::certificate> c(workspace->certs.data(), group);
       if (history != nullptr)
         certattn::attend_group(q, group, kv, index->idx, nk, opt, o, c, workspace->ws,
@@ -538,7 +550,8 @@ int dense_attend_call(const char* fn, const float* queries, size_t group, const 
       const certattn::attention_variant v =
           variant != nullptr ? to_cpp(*variant, group) : certattn::attention_variant{};
       certattn::dense_attend(std::span<const float>(queries, group * d), group, kv,
-                             softmax_scale, std::span<float>(out, group * d), workspace->dense, 0,
+                             softmax_scale, std::span<float>(out, group * certattn::value_dim_of(kv)),
+                             workspace->dense, 0,
                              SIZE_MAX, v);
     });
   });
@@ -569,20 +582,20 @@ int exact_attention_call(const char* fn, const float* query, const certattn_cach
       throw error("softmax_scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
     with_cache(cache, [&](const auto& kv) {
       using T = typename std::decay_t<decltype(kv)>::element_type;
-      const std::size_t n = kv.size(), d = kv.head_dim();
+      const std::size_t n = kv.size(), d = kv.head_dim(), dv = certattn::value_dim_of(kv);
       if (n == 0) throw error("cache.n_tokens: the cache is empty");
       // Gathered into contiguous rows: one code path for every layout (a check, not a
       // hot path).
-      std::vector<T> keys(n * d), values(n * d);
+      std::vector<T> keys(n * d), values(n * dv);
       for (std::size_t t = 0; t < n; ++t) {
         std::memcpy(&keys[t * d], kv.key(t), d * sizeof(T));
-        std::memcpy(&values[t * d], kv.value(t), d * sizeof(T));
+        std::memcpy(&values[t * dv], kv.value(t), dv * sizeof(T));
       }
       const certattn::exact_result r = certattn::exact_attention(
           std::span<const float>(query, d), certattn::make_matrix_view(keys.data(), n, d),
-          certattn::make_matrix_view(values.data(), n, d), softmax_scale,
+          certattn::make_matrix_view(values.data(), n, dv), softmax_scale,
           variant != nullptr ? to_cpp(*variant, 1) : certattn::attention_variant{});
-      for (std::size_t i = 0; i < d; ++i) out[i] = r.output[i];
+      for (std::size_t i = 0; i < dv; ++i) out[i] = r.output[i];
       if (result != nullptr) {
         result->max_score = r.max_score;
         result->denominator = r.denominator;

@@ -102,6 +102,44 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
   }
 }
 
+// The variants (soft-cap, position bias, sinks, a sliding window) in steady state, on the
+// sparse path and routed: their data is the caller's, their work the workspace's.
+TEST(AttendAllocation, VariantCallsDoNotAllocate) {
+  const std::size_t n = 12000, d = 64, G = 4;
+  const auto cache = one_head(n, d, synthetic::regime::kMixed);
+  const strided_kv<half> kv = view_of(cache);
+  key_index idx(d);
+  idx.build(kv);
+  attend_workspace ws(G, d, n);
+  std::vector<float> out(G * d);
+  std::vector<certificate> certs(G);
+  const std::vector<float> slopes = {0.01f, 0.001f, 0.0001f, 0.0f}, sinks = {1.0f, 2.0f, -1.0f, 0.0f};
+  options opt;
+  opt.variant.logit_softcap = 30.0;
+  opt.variant.alibi_slopes = slopes;
+  opt.variant.sinks = sinks;
+  opt.variant.sliding_window = 5000;
+  std::vector<std::vector<float>> queries;
+  for (std::uint64_t s = 0; s < 8; ++s) queries.push_back(synthetic::make_queries(cache, 0, G, s));
+  group_history history(G);
+  const std::vector<int> none(G, -1);
+  group_history routed(G);  // one that routes its next call
+  routed.record_sparse(5.0, none, noise_key{100, 0, 0});
+  routed.record_sparse(5.0, none, noise_key{101, 0, 0});
+  attend_group(std::span<const float>(queries[0]), G, kv, idx, {0, 0, 0}, opt, std::span<float>(out),
+               std::span<certificate>(certs), ws, history);  // warm-up
+  g_allocations = 0;
+  g_counting = true;
+  for (std::uint64_t s = 1; s < 8; ++s)
+    attend_group(std::span<const float>(queries[s]), G, kv, idx, {s, 0, 0}, opt, std::span<float>(out),
+                 std::span<certificate>(certs), ws, history);
+  attend_group(std::span<const float>(queries[1]), G, kv, idx, {102, 0, 0}, opt, std::span<float>(out),
+               std::span<certificate>(certs), ws, routed);
+  g_counting = false;
+  EXPECT_EQ(certs[0].path, answer_path::kRouted);
+  EXPECT_EQ(g_allocations.load(), 0);
+}
+
 // An engine reserves its index for the longest sequence: build, appends (one at a time or
 // in chunks, across the value-bound refreshes at 600, 1200, 2400 and 4800 tokens), a
 // rollback and an explicit refresh then never allocate.

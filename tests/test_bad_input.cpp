@@ -212,8 +212,8 @@ TEST(BadInput, MismatchedSizes) {
                 }),
                 HasSubstr("values.rows"));
   }
-  {  // values with fewer columns
-    const auto vv = make_matrix_view(c.values.data(), c.n / 2, c.d / 2);
+  {  // values with more columns than the keys (fewer is a latent cache's, and allowed)
+    const auto vv = make_matrix_view(c.values.data(), c.n / 2, c.d + 2);
     const auto kv = make_matrix_view(c.keys.data(), c.n / 2, c.d);
     EXPECT_THAT(error_message([&] {
                   reference_attend(std::span<const float>(c.q), kv, vv, options{}, noise_key{});

@@ -42,6 +42,8 @@ struct model_row {
   double slope_base;       // 0: no bias; else head g of the group has slope base * 2^-g
   bool sinks;
   std::size_t window;      // 0: full attention
+  std::size_t value_dim = 0;  // > 0: a latent cache (MLA), values the first value_dim channels
+  double softmax_scale = 0.0;
 };
 
 std::vector<model_row> model_rows() {
@@ -66,6 +68,10 @@ std::vector<model_row> model_rows() {
       // (deep levels, every key near c) and a bias that raises older tokens.
       {"softcap_flat", 64, 4, 4096, R::kMild, 2, 0, false, 0},
       {"alibi_rising", 64, 2, 4096, R::kMixed, 0, -1.0 / 128, false, 0},
+      // Multi-head latent attention, absorbed (DeepSeek-V3, Kimi K2): one 576-channel latent
+      // row per token, its first 512 channels the value, softmax scale 1/sqrt(192).
+      {"deepseek_v3_mla_g16", 576, 16, 2000, R::kMixed, 0, 0, false, 0, 512, 0.07216878364870323},
+      {"kimi_k2_mla_g64", 576, 64, 1000, R::kPeaked, 0, 0, false, 0, 512, 0.07216878364870323},
   };
 }
 
@@ -99,25 +105,40 @@ double scale_of(const exact_result& ex, error_scale s) {
 
 class ModelRows : public ::testing::TestWithParam<model_row> {};
 
+template <class View>
+void check_model_row(const model_row& row, const synthetic::kv_cache& src, const View& kv,
+                     matrix_view<half> keys, matrix_view<half> values);
+
 TEST_P(ModelRows, FastPathMatchesReferenceAndCertifiesAgainstExact) {
   const model_row& row = GetParam();
-  const std::size_t n = row.n, d = row.d, G = row.group;
+  const std::size_t n = row.n, d = row.d;
   synthetic::cache_config cfg;
   cfg.n_tokens = n;
   cfg.head_dim = d;
   cfg.kind = row.kind;
   cfg.seed = 500 + n + d;
   const synthetic::kv_cache src = synthetic::make_cache(cfg);
-  const strided_kv<half> kv(src.key_row(0, 0), src.value_row(0, 0), n, d, d, d);
-  key_index idx(d);
+  const auto keys = make_matrix_view(src.key_row(0, 0), n, d);
+  if (row.value_dim > 0) {  // the latent rows are the synthetic keys; values alias them
+    const latent_kv<half> kv(src.key_row(0, 0), n, d, row.value_dim, d);
+    check_model_row(row, src, kv, keys, make_matrix_view(src.key_row(0, 0), n, row.value_dim, d));
+  } else {
+    const strided_kv<half> kv(src.key_row(0, 0), src.value_row(0, 0), n, d, d, d);
+    check_model_row(row, src, kv, keys, make_matrix_view(src.value_row(0, 0), n, d));
+  }
+}
+
+template <class View>
+void check_model_row(const model_row& row, const synthetic::kv_cache& src, const View& kv,
+                     matrix_view<half> keys, matrix_view<half> values) {
+  const std::size_t n = row.n, d = row.d, G = row.group, dv = value_dim_of(kv);
+  key_index idx(d, dv);
   idx.build(kv);
-  attend_workspace ws(G, d, n);
+  attend_workspace ws(G, d, n, options{}.total_levels(), dv);
   ws.record_samples(true);
   const row_variant rv(row, 77 + n);
-  std::vector<float> out(G * d), out_isa(G * d);
+  std::vector<float> out(G * dv), out_isa(G * dv);
   std::vector<certificate> certs(G), certs_isa(G);
-  const auto keys = make_matrix_view(src.key_row(0, 0), n, d);
-  const auto values = make_matrix_view(src.value_row(0, 0), n, d);
   std::size_t sampled_heads = 0;
   struct config {
     certificate_kind kind;
@@ -134,6 +155,7 @@ TEST_P(ModelRows, FastPathMatchesReferenceAndCertifiesAgainstExact) {
     opt.certificate = cf.kind;
     opt.route = cf.route;
     opt.variant = rv.v;
+    opt.softmax_scale = row.softmax_scale;
     opt.cost.measured = false;  // routing on the model alone: the same decisions every run
     const bool with_history = cf.route == routing::kAuto;
     group_history history(G);
@@ -165,7 +187,7 @@ TEST_P(ModelRows, FastPathMatchesReferenceAndCertifiesAgainstExact) {
           ASSERT_EQ(certs[g].level, certs_isa[g].level);
           if (certs[g].exact) continue;
           ASSERT_EQ(certs[g].beta, certs_isa[g].beta);
-          ASSERT_EQ(std::memcmp(out.data() + g * d, out_isa.data() + g * d, d * sizeof(float)), 0);
+          ASSERT_EQ(std::memcmp(out.data() + g * dv, out_isa.data() + g * dv, dv * sizeof(float)), 0);
         }
       }
       history = before;
@@ -207,11 +229,11 @@ TEST_P(ModelRows, FastPathMatchesReferenceAndCertifiesAgainstExact) {
         }
         // Certified: within epsilon of exact attention with the variant.
         const exact_result ex =
-            exact_attention(std::span<const float>(q).subspan(g * d, d), keys, values, 0.0,
+            exact_attention(std::span<const float>(q).subspan(g * d, d), keys, values, row.softmax_scale,
                             head_slice(rv.v, g));
         double err2 = 0.0;
-        for (std::size_t i = 0; i < d; ++i) {
-          const double e = double(out[g * d + i]) - ex.output[i];
+        for (std::size_t i = 0; i < dv; ++i) {
+          const double e = double(out[g * dv + i]) - ex.output[i];
           err2 += e * e;
         }
         if (f.certified) ASSERT_LE(std::sqrt(err2), opt.epsilon * scale_of(ex, cf.scale));
@@ -323,6 +345,36 @@ TEST(VariantDense, MatchesExactAttentionOnEveryKernel) {
   }
 }
 
+// The dense kernel over a latent cache (values: a prefix of the key rows) on every
+// instruction set, against exact attention; G = 128 as in DeepSeek-V3's layers.
+TEST(LatentDense, MatchesExactAttentionOnEveryKernel) {
+  const std::size_t n = 700, d = 576, dv = 512, G = 128;
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const latent_kv<half> kv(src.key_row(0, 0), n, d, dv, d);
+  const std::vector<float> q = synthetic::make_queries(src, 0, G, 2);
+  const float scale = float(1.0 / std::sqrt(192.0));
+  dense_workspace dws(G, d);
+  std::vector<float> out(G * dv);
+  for (isa arch : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+    if (int(arch) > int(detected_isa())) continue;
+    set_isa_cap(arch);
+    dense_attend(std::span<const float>(q), G, kv, scale, std::span<float>(out), dws);
+    set_isa_cap(isa::kAvx512Vnni);
+    for (std::size_t g = 0; g < G; g += 9) {
+      const exact_result ex = exact_attention(std::span<const float>(q).subspan(g * d, d),
+                                              make_matrix_view(src.key_row(0, 0), n, d),
+                                              make_matrix_view(src.key_row(0, 0), n, dv, d), double(scale));
+      ASSERT_EQ(ex.output.size(), dv);
+      for (std::size_t i = 0; i < dv; ++i)
+        ASSERT_NEAR(out[g * dv + i], ex.output[i], 2e-5 * std::max(1.0, ex.output_norm))
+            << to_string(arch) << " head " << g;
+    }
+  }
+}
+
 void expect_error(const std::function<void()>& f, const std::string& what) {
   try {
     f();
@@ -369,6 +421,28 @@ TEST(VariantBadInput, ErrorsNameTheArgument) {
     exact_attention(std::span<const float>(q).first(d), make_matrix_view(src.key_row(0, 0), n, d),
                     make_matrix_view(src.value_row(0, 0), n, d), 0.0, v);
   }, "variant.sinks has 3 elements, expected 0 or one per query head = 1");
+  // A latent cache: values alias a prefix of the key rows, never more.
+  expect_error([&] { latent_kv<half>(src.key_row(0, 0), n, d, d + 16, d); },
+               "value_dim (80) must lie in [1, head_dim = 64]");
+  const latent_kv<half> latent(src.key_row(0, 0), n, d, 48, d);
+  expect_error([&] { idx.append(latent, idx.size()); },
+               "kv's value_dim (48) != the value_dim the index was built with (64)");
+  key_index lidx(d);
+  lidx.build(latent);  // a build takes the view's value_dim
+  EXPECT_EQ(lidx.value_dim(), 48u);
+  std::vector<float> lout(G * 48);
+  // A workspace of head_dim 64 serves any value_dim up to 64; one sized for fewer refuses more.
+  attend_group(std::span<const float>(q), G, latent, lidx, {1, 0, 0}, options{}, std::span<float>(lout),
+               std::span<certificate>(certs), ws);
+  attend_workspace narrow(G, d, n, options{}.total_levels(), 32);
+  expect_error([&] {
+    attend_group(std::span<const float>(q), G, latent, lidx, {1, 0, 0}, options{}, std::span<float>(lout),
+                 std::span<certificate>(certs), narrow);
+  }, "value_dim 32");
+  expect_error([&] {
+    attend_group(std::span<const float>(q), G, latent, lidx, {1, 0, 0}, options{}, std::span<float>(out),
+                 std::span<certificate>(certs), ws);
+  }, "out has 128 elements, expected group * value_dim = 96");
 }
 
 }  // namespace

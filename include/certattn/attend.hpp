@@ -28,15 +28,18 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
                        std::span<certificate> certs, const attend_workspace& ws,
                        std::span<const int> level_hints) {
   validate(opt);
-  const std::size_t n = kv.size(), d = kv.head_dim();
+  const std::size_t n = kv.size(), d = kv.head_dim(), dv = value_dim_of(kv);
   validate_shape(opt, n, d);
+  if (dv == 0 || dv > d)
+    throw error("kv: value_dim (" + std::to_string(dv) + ") must lie in [1, head_dim = " +
+                std::to_string(d) + "]");
   if (group == 0) throw error("group must be > 0");
   if (queries.size() != group * d)
     throw error("queries has " + std::to_string(queries.size()) + " elements, expected group * head_dim = " +
                 std::to_string(group * d));
-  if (out.size() != group * d)
-    throw error("out has " + std::to_string(out.size()) + " elements, expected group * head_dim = " +
-                std::to_string(group * d));
+  if (out.size() != group * dv)
+    throw error("out has " + std::to_string(out.size()) + " elements, expected group * value_dim = " +
+                std::to_string(group * dv));
   if (certs.size() != group)
     throw error("certs has " + std::to_string(certs.size()) + " elements, expected group = " +
                 std::to_string(group));
@@ -46,16 +49,21 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
   if (idx.head_dim() != d)
     throw error("idx head_dim (" + std::to_string(idx.head_dim()) + ") != kv.head_dim() (" +
                 std::to_string(d) + ")");
+  if (idx.value_dim() != dv)
+    throw error("idx value_dim (" + std::to_string(idx.value_dim()) + ") != the cache's value_dim (" +
+                std::to_string(dv) + "): build the index as key_index(head_dim, value_dim)");
   if (idx.size() != n)
     throw error("idx.size() (" + std::to_string(idx.size()) + ") != kv.size() (" +
                 std::to_string(n) + "): append every new token to the index");
-  if (group > ws.group() || d != ws.head_dim() || n > ws.max_tokens() ||
+  if (group > ws.group() || d != ws.head_dim() || dv > ws.value_dim() || n > ws.max_tokens() ||
       opt.total_levels() > ws.max_levels())
     throw error("ws (attend_workspace) is sized for group " + std::to_string(ws.group()) +
-                ", head_dim " + std::to_string(ws.head_dim()) + ", " +
+                ", head_dim " + std::to_string(ws.head_dim()) + ", value_dim " +
+                std::to_string(ws.value_dim()) + ", " +
                 std::to_string(ws.max_tokens()) + " tokens, " + std::to_string(ws.max_levels()) +
                 " levels: too small for this call (group " + std::to_string(group) +
-                ", head_dim " + std::to_string(d) + ", " + std::to_string(n) +
+                ", head_dim " + std::to_string(d) + ", value_dim " + std::to_string(dv) + ", " +
+                std::to_string(n) +
                 " tokens, levels options.total_levels() = " + std::to_string(opt.total_levels()) +
                 ")");
   if (opt.window > 64) throw error("options.window must be <= 64 for attend_group");

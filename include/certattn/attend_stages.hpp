@@ -91,6 +91,9 @@ struct call_context {
                                       // weights relative to c + shift (shifted_grid())
   int top = 0;                        // user.top_halvings()
   std::size_t group = 0, n = 0, d = 0, dp = 0;  // heads, tokens, head_dim, padded head_dim
+  std::size_t dv = 0;                 // value channels: d, or fewer for a latent cache
+  std::size_t key_bytes = 0;          // bytes of a key row
+  std::size_t value_bytes = 0;        // bytes a value row adds (0 when values alias keys)
   std::size_t first = 0;              // the first token that attends (a sliding window's)
   std::size_t pool_end = 0;           // the pool is [first, pool_end), the window after it
   double scale = 0.0;                 // the softmax scale
@@ -204,7 +207,7 @@ struct attend_stages {
   template <class T>
   static row_norms add_centered(const T* v, double w, double* acc, const call_context& cx,
                                 const attend_workspace& ws) noexcept {
-    return accumulate_centered_row(v, cx.d, w, ws.center_.data(), acc, cx.kernels.which);
+    return accumulate_centered_row(v, cx.dv, w, ws.center_.data(), acc, cx.kernels.which);
   }
 
   // ---- the call, stage by stage -------------------------------------------------------
@@ -280,7 +283,9 @@ struct attend_stages {
                                 xs.begin()));
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     double g2 = 0.0;
-    for (std::size_t i = 0; i < d; ++i) g2 += radius.center_at(i) * radius.center_at(i);
+    const std::size_t dv = value_dim_of(kv);
+    using T = typename KV::element_type;
+    for (std::size_t i = 0; i < dv; ++i) g2 += radius.center_at(i) * radius.center_at(i);
     return call_context{
         .user = user_opt,
         .opt = opt,
@@ -289,6 +294,9 @@ struct attend_stages {
         .n = n,
         .d = d,
         .dp = (d + 7) / 8 * 8,
+        .dv = dv,
+        .key_bytes = d * sizeof(T),
+        .value_bytes = values_alias_keys(kv) ? 0 : dv * sizeof(T),
         .first = first,
         .pool_end = pool_end,
         .scale = opt.effective_softmax_scale(d),
@@ -322,7 +330,7 @@ struct attend_stages {
       std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
       std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
     }
-    for (std::size_t i = 0; i < d; ++i) ws.center_[i] = cx.radius.center_at(i);
+    for (std::size_t i = 0; i < cx.dv; ++i) ws.center_[i] = cx.radius.center_at(i);
   }
 
   // ---- stage: window ------------------------------------------------------------------
@@ -461,7 +469,7 @@ struct attend_stages {
   template <kv_view KV>
   static void fixed_sums(const KV& kv, const call_context& cx, attend_workspace& ws) noexcept {
     using T = typename KV::element_type;
-    const std::size_t d = cx.d, G = cx.group, F = cx.fixed_rows();
+    const std::size_t d = cx.dv, G = cx.group, F = cx.fixed_rows();
     std::fill_n(ws.window_num_.begin(), G * d, 0.0);
     std::fill_n(ws.window_weight_.begin(), G, 0.0);
     std::fill_n(ws.window_sq_.begin(), G, 0.0);
@@ -500,7 +508,7 @@ struct attend_stages {
     st.values_read = cx.fixed_rows();
     certificate& cert = certs[g];
     cert = {};
-    float* o = out.data() + g * cx.d;
+    float* o = out.data() + g * cx.dv;
     bool done = false;
     std::size_t candidates = 0;
     if (cx.user.route == routing::kAuto && progress.exact_count > 0 && cx.has_pool()) {
@@ -526,7 +534,7 @@ struct attend_stages {
   static void no_pool_answer(const key_index& idx, const float* q, std::size_t g,
                              const call_context& cx, float* o, certificate& cert,
                              const attend_workspace& ws) noexcept {
-    const std::size_t d = cx.d;
+    const std::size_t d = cx.dv;
     const double window_weight = ws.window_weight_[g];
     const double* window_num = ws.window_num_.data() + g * d;
     for (std::size_t i = 0; i < d; ++i)
@@ -550,11 +558,10 @@ struct attend_stages {
   static void finish_head(const KV&, const call_context& cx, bool done, const head_state& st,
                           certificate& cert, group_progress& progress,
                           attend_workspace& ws) noexcept {
-    using T = typename KV::element_type;
     group_stats& stats = ws.stats_;
     const std::size_t g = st.g, exact_rows = cx.fixed_rows();  // rows shared by the group
-    cert.bytes_read = st.refined * cx.dp +
-                      (st.keys_read - exact_rows + st.values_read - exact_rows) * cx.d * sizeof(T);
+    cert.bytes_read = st.refined * cx.dp + (st.keys_read - exact_rows) * cx.key_bytes +
+                      (st.values_read - exact_rows) * cx.value_bytes;
     stats.refined += st.refined;
     stats.keys_read += st.keys_read - exact_rows;
     stats.values_read += st.values_read - exact_rows;
@@ -605,9 +612,10 @@ struct attend_stages {
       transitions(kv, j, c, cx, ws, st);
       const double tau = tau_of(j, opt.grid_ratio);
       const level_result lr =
-          certify(sums_of(st, tau, ws), cx.radius, cx.design, opt, j, hint, ws.o_hat_, ws.c0_);
+          certify(sums_of(st, tau, cx.dv, ws), cx.radius, cx.design, opt, j, hint,
+                  std::span<double>(ws.o_hat_.data(), cx.dv), std::span<double>(ws.c0_.data(), cx.dv));
       if (lr.certified) {
-        for (std::size_t i = 0; i < cx.d; ++i) o[i] = float(ws.o_hat_[i]);
+        for (std::size_t i = 0; i < cx.dv; ++i) o[i] = float(ws.o_hat_[i]);
         fill_sampled_certificate(lr, j, tau, st, cx, ws, cert);
         return true;
       }
@@ -624,21 +632,22 @@ struct attend_stages {
                          attend_workspace& ws) noexcept {
     std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
     std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
-    std::copy_n(ws.window_num_.begin() + std::ptrdiff_t(g * cx.d), cx.d, ws.exact_num_.begin());
+    std::copy_n(ws.window_num_.begin() + std::ptrdiff_t(g * cx.dv), cx.dv, ws.exact_num_.begin());
     std::fill(ws.light_sum_.begin(), ws.light_sum_.end(), 0.0);
     st.exact.weight = ws.window_weight_[g];
     st.exact.sq = ws.window_sq_[g];
   }
 
   /// The level's sums for the certificate.
-  static level_sums sums_of(const head_state& st, double tau, const attend_workspace& ws) noexcept {
+  static level_sums sums_of(const head_state& st, double tau, std::size_t dv,
+                            const attend_workspace& ws) noexcept {
     level_sums s;
     s.tau = tau;
     s.exact_weight = st.exact.weight;
-    s.exact_num = ws.exact_num_;
+    s.exact_num = std::span<const double>(ws.exact_num_.data(), dv);
     s.exact_sq = st.exact.sq;
     s.light_count = st.light.count;
-    s.light_sum = ws.light_sum_;
+    s.light_sum = std::span<const double>(ws.light_sum_.data(), dv);
     s.light_sq = st.light.sq;
     s.light_mass = st.light.mass;
     s.light_h = st.light.h;
@@ -874,7 +883,7 @@ struct attend_stages {
       } else {
         const std::size_t before = n_include;
         admit(nd.token, nd.score, c, level, cx, ws, st, n_include);
-        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), d * sizeof(T));
+        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), cx.dv * sizeof(T));
       }
       k = nd.next;
     }
@@ -894,12 +903,12 @@ struct attend_stages {
         ++st.keys_read;
         const std::size_t before = n_include;
         admit(t, st.hv.score(cx.scale * dots[j], t), c, level, cx, ws, st, n_include);
-        if (n_include != before) prefetch_rows_l2(kv.value(t), d * sizeof(T));
+        if (n_include != before) prefetch_rows_l2(kv.value(t), cx.dv * sizeof(T));
       }
     }
     for (std::size_t i = 0; i < n_include; ++i) {
       if (i + kPrefetchAhead < n_include)
-        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), d * sizeof(T));
+        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), cx.dv * sizeof(T));
       const auto& a = ws.to_include_[i];
       include(kv, a.token, a.score, c, level, a.heavy_level, cx, ws, st);
     }
@@ -911,7 +920,7 @@ struct attend_stages {
   static void transitions(const KV& kv, int level, double c, const call_context& cx,
                           attend_workspace& ws, head_state& st) noexcept {
     const std::int32_t first = ws.transition_head_[std::size_t(level)];
-    const std::size_t bytes = cx.d * sizeof(typename KV::element_type);
+    const std::size_t bytes = cx.dv * sizeof(typename KV::element_type);
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
       prefetch_rows(kv.value(ws.nodes_[std::size_t(k)].token), bytes);
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next) {
@@ -935,7 +944,6 @@ struct attend_stages {
                                    const call_context& cx, const group_progress& progress,
                                    std::span<float> out, std::span<certificate> certs,
                                    attend_workspace& ws) {
-    using T = typename KV::element_type;
     const std::size_t m = progress.exact_count, n = cx.attended();
     if (m == 0) return 0;
     group_stats& stats = ws.stats_;
@@ -951,7 +959,7 @@ struct attend_stages {
     stats.fallbacks += m - stats.over_budget;
     stats.keys_read += n;
     stats.values_read += n;
-    return 2 * n * cx.d * sizeof(T);  // every key and value row once, for all these heads
+    return n * (cx.key_bytes + cx.value_bytes);  // every row once, for all these heads
   }
 
   /// The terms exact attention sums for head g: the attended tokens and its sink.
@@ -990,7 +998,7 @@ struct attend_stages {
   static void exact_heads(const KV& kv, const key_index& idx, const float* queries,
                           const call_context& cx, std::size_t m, float* out,
                           attend_workspace& ws, bool force_double, double value_norm_max) {
-    const std::size_t d = cx.d, n = cx.n, first = cx.first;
+    const std::size_t d = cx.d, dv = cx.dv, n = cx.n, first = cx.first;
     const double scale = cx.scale;
     const isa which = cx.kernels.which;
     const bool float_scale = scale <= 0x1p100 && !force_double;
@@ -1014,22 +1022,22 @@ struct attend_stages {
         scores_only.alibi_slopes = std::span<const float>(ws.exact_slopes_.data(), k);
       dense_partial(std::span<const float>(ws.exact_q_.data(), k * d), k, kv, float(scale), first, n,
                     std::span<float>(ws.exact_m_.data(), k), std::span<float>(ws.exact_l_.data(), k),
-                    std::span<float>(ws.exact_out_.data(), k * d), ws.dense_ws_, scores_only);
+                    std::span<float>(ws.exact_out_.data(), k * dv), ws.dense_ws_, scores_only);
     }
     std::size_t f = 0;  // the float pass's row of the next head that joined it
     for (std::size_t i = 0; i < m; ++i) {
       const std::size_t g = ws.exact_heads_[i];
       const head_variant hv = cx.head(g);
       const float* q = queries + g * d;
-      float* o = out + g * d;
+      float* o = out + g * dv;
       double& c = ws.head_max_[g];
       const double magnitude = variant_magnitude(q, g, cx, idx);
       exact_rounding& r = ws.exact_rounding_[g];
       r = {};
-      r.head_dim = d;
+      r.head_dim = dv;
       if (ws.exact_float_[i]) {
         const float mk = ws.exact_m_[f], lk = ws.exact_l_[f];
-        const float* ok = ws.exact_out_.data() + f * d;
+        const float* ok = ws.exact_out_.data() + f * dv;
         ++f;
         double cref = std::isnan(c) ? double(mk) : c;
         if (std::isnan(c) && hv.has_sink) cref = std::max(cref, hv.sink);
@@ -1038,7 +1046,7 @@ struct attend_stages {
         const double den = keys_weight + (hv.has_sink ? std::exp(hv.sink - cref) : 0.0);
         // o = acc e^{m - c} / D: acc / l without a sink.
         const double to_out = hv.has_sink ? std::exp(double(mk) - cref) / den : 1.0 / double(lk);
-        for (std::size_t j = 0; j < d; ++j)
+        for (std::size_t j = 0; j < dv; ++j)
           finite &= std::isfinite(o[j] = hv.has_sink ? float(double(ok[j]) * to_out) : ok[j] / lk);
         if (finite && keys_weight > 0.0 && std::isfinite(den)) {
           c = cref;
@@ -1060,9 +1068,9 @@ struct attend_stages {
       for (std::size_t t = first; t < n; ++t) {
         const double w = std::exp(score(t) - c);
         den += w;
-        sq += w * accumulate_row(kv.value(t), d, w, ws.exact_num_.data(), which);
+        sq += w * accumulate_row(kv.value(t), dv, w, ws.exact_num_.data(), which);
       }
-      for (std::size_t j = 0; j < d; ++j) o[j] = float(ws.exact_num_[j] / den);
+      for (std::size_t j = 0; j < dv; ++j) o[j] = float(ws.exact_num_[j] / den);
       ws.window_weight_[g] = den;
       r.eta = double_path_eta(exact_terms(cx, g), magnitude + std::fabs(c) * 0x1p-40);
       r.value_scale = std::sqrt(sq / den);
@@ -1092,10 +1100,10 @@ struct attend_stages {
                             std::size_t exact_pass_bytes, std::span<certificate> certs,
                             attend_workspace& ws) noexcept {
     group_stats& stats = ws.stats_;
-    const std::size_t F = cx.fixed_rows(), row_bytes = cx.d * sizeof(typename KV::element_type);
+    const std::size_t F = cx.fixed_rows(), row_bytes = cx.key_bytes + cx.value_bytes;
     const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
     const std::size_t shared = blocks * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) +
-                               2 * F * row_bytes + exact_pass_bytes;
+                               F * row_bytes + exact_pass_bytes;
     stats.keys_read += F;
     stats.values_read += F;
     stats.bytes_read = shared;
@@ -1103,7 +1111,7 @@ struct attend_stages {
       stats.bytes_read += certs[g].bytes_read;
       certs[g].bytes_read += shared / cx.group;
     }
-    stats.dense_bytes = 2 * cx.attended() * row_bytes;
+    stats.dense_bytes = cx.attended() * row_bytes;
   }
 
   // ---- route --------------------------------------------------------------------------
@@ -1114,8 +1122,7 @@ struct attend_stages {
   static void route_dense(const KV& kv, const key_index& idx, std::span<const float> queries,
                           const call_context& cx, std::span<float> out,
                           std::span<certificate> certs, attend_workspace& ws) {
-    using T = typename KV::element_type;
-    const std::size_t n = cx.attended(), d = cx.d, group = cx.group;
+    const std::size_t n = cx.attended(), d = cx.dv, group = cx.group;
     for (std::size_t g = 0; g < group; ++g) {
       ws.exact_heads_[g] = std::uint32_t(g);
       ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
@@ -1126,7 +1133,7 @@ struct attend_stages {
     group_stats& stats = ws.stats_;
     stats.keys_read = stats.values_read = n;
     stats.routed = group;
-    stats.dense_bytes = stats.bytes_read = 2 * n * d * sizeof(T);
+    stats.dense_bytes = stats.bytes_read = n * (cx.key_bytes + cx.value_bytes);
     std::size_t redo = 0;  // heads whose float bound missed epsilon, for the double path
     for (std::size_t g = 0; g < group; ++g) {
       certificate& cert = certs[g];
@@ -1143,7 +1150,7 @@ struct attend_stages {
     }
     if (redo > 0) {
       exact_heads(kv, idx, queries.data(), cx, redo, out.data(), ws, true, vmax);
-      stats.bytes_read += redo * 2 * n * d * sizeof(T);  // the double path: a pass per head
+      stats.bytes_read += redo * n * (cx.key_bytes + cx.value_bytes);  // the double path: a pass per head
       for (std::size_t i = 0; i < redo; ++i) {
         const std::size_t g = ws.exact_heads_[i];
         certificate& cert = certs[g];

@@ -263,7 +263,7 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
                    dense_workspace& ws, const attention_variant& variant = {}) {
   using T = typename KV::element_type;
   using A = detail::dense_workspace_access;
-  const std::size_t d = kv.head_dim();
+  const std::size_t d = kv.head_dim(), dv = value_dim_of(kv);
   if (group == 0) throw error("group must be > 0");
   if (begin > end)
     throw error("begin (" + std::to_string(begin) + ") > end (" + std::to_string(end) + ")");
@@ -273,7 +273,7 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   detail::dense_check_size(queries.size(), group * d, "queries", "group * head_dim");
   detail::dense_check_size(max_scores.size(), group, "max_scores", "group");
   detail::dense_check_size(sums.size(), group, "sums", "group");
-  detail::dense_check_size(acc.size(), group * d, "acc", "group * head_dim");
+  detail::dense_check_size(acc.size(), group * dv, "acc", "group * value_dim");
   detail::dense_check_workspace(ws, group, d, 1);
   validate(variant, group, "variant");
   const float scale = detail::dense_effective_scale(softmax_scale, d);
@@ -289,13 +289,14 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   args.q_stride = detail::dense_round16(d);
   args.group = group;
   args.head_dim = d;
+  args.value_dim = dv;
   args.scores = A::scores(ws);
   args.alpha = A::alpha(ws);
   args.chunk_acc = A::chunk_acc(ws);
   args.max_scores = max_scores.data();
   args.sums = sums.data();
   args.acc = acc.data();
-  args.acc_stride = d;
+  args.acc_stride = dv;
   args.prefetch_distance = detail::dense_prefetch_rows;
   args.softcap = float(variant.logit_softcap);
   args.slopes = variant.alibi_slopes.empty() ? nullptr : variant.alibi_slopes.data();
@@ -329,14 +330,15 @@ void dense_attend(std::span<const float> queries, std::size_t group, const KV& k
   if (begin >= end)
     throw error("begin (" + std::to_string(begin) + ") >= end (" + std::to_string(end) +
                 "), after the sliding window: attention over an empty token range is undefined");
-  detail::dense_check_size(out.size(), group * kv.head_dim(), "out", "group * head_dim");
+  const std::size_t dv = value_dim_of(kv);
+  detail::dense_check_size(out.size(), group * dv, "out", "group * value_dim");
   detail::dense_check_workspace(ws, group, kv.head_dim(), 1);
   // The state lives in the workspace's head-0 slots and the accumulator in out itself.
   std::span<float> m(A::max_scores(ws), group), l(A::sums(ws), group);
   dense_partial(queries, group, kv, softmax_scale, begin, end, m, l, out, ws, variant);
   for (std::size_t g = 0; g < variant.sinks.size(); ++g)
     l[g] += std::exp(variant.sinks[g] - m[g]);  // +inf when the sink takes all: o = 0
-  detail::dense_normalise(out.data(), l.data(), group, kv.head_dim(), out.data());
+  detail::dense_normalise(out.data(), l.data(), group, dv, out.data());
 }
 
 /// Partial softmax state (as dense_partial) of all KV heads of one layer of a token-major
@@ -377,6 +379,7 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
   args.q_stride = qs;
   args.group = group;
   args.head_dim = head_dim;
+  args.value_dim = head_dim;
   args.scores = A::scores(ws);
   args.alpha = A::alpha(ws);
   args.chunk_acc = A::chunk_acc(ws);

@@ -43,9 +43,9 @@ inline void check_attention_inputs(std::span<const Q> q, matrix_view<T> keys,
   if (values.rows != keys.rows)
     throw error("values.rows (" + std::to_string(values.rows) + ") != keys.rows (" +
                 std::to_string(keys.rows) + ")");
-  if (values.cols != keys.cols)
-    throw error("values.cols (" + std::to_string(values.cols) + ") != keys.cols (" +
-                std::to_string(keys.cols) + ")");
+  if (values.cols == 0 || values.cols > keys.cols)
+    throw error("values.cols (" + std::to_string(values.cols) + ") must lie in [1, keys.cols = " +
+                std::to_string(keys.cols) + "] (fewer for a latent cache's values)");
   if (keys.rows == 0) throw error("keys: the cache is empty (0 tokens)");
   if (keys.data == nullptr || values.data == nullptr) throw error("keys/values: null data");
   check_finite(q.data(), q.size(), "q");
@@ -86,8 +86,8 @@ inline exact_result exact_attention(std::span<const Q> q, matrix_view<T> keys,
                                     const attention_variant& variant = {}) {
   detail::check_attention_inputs(q, keys, values);
   validate(variant, 1, "variant");
-  const std::size_t d = keys.cols;
-  if (!(softmax_scale > 0.0)) softmax_scale = 1.0 / std::sqrt(double(d));
+  const std::size_t d = values.cols;  // the output's channels (keys.cols for the scores)
+  if (!(softmax_scale > 0.0)) softmax_scale = 1.0 / std::sqrt(double(keys.cols));
   const head_variant hv = head_variant_of(variant, 0, keys.rows);
   const std::vector<double> s = exact_scores(q, keys, softmax_scale, hv);
   exact_result r;

@@ -40,11 +40,19 @@ class key_index {
   static constexpr std::size_t kGroupsPerBlock = detail::kGroupsPerBlock;
 
   key_index() = default;
-  explicit key_index(std::size_t head_dim) : d_(head_dim), dp_((head_dim + 7) / 8 * 8) {
+  /// value_dim: the channels of the cache's value rows, for reserve() (0: head_dim; a
+  /// latent cache's are fewer, latent_kv in layout.hpp); build() takes the view's.
+  explicit key_index(std::size_t head_dim, std::size_t value_dim = 0)
+      : d_(head_dim), dv_(value_dim == 0 ? head_dim : value_dim), dp_((head_dim + 7) / 8 * 8) {
     if (head_dim == 0) throw error("head_dim must be > 0");
+    if (dv_ > head_dim)
+      throw error("value_dim (" + std::to_string(dv_) + ") > head_dim (" + std::to_string(head_dim) +
+                  "): a latent cache's values are a prefix of its key rows");
   }
 
   std::size_t head_dim() const noexcept { return d_; }
+  /// The channels of the value rows (the value centre's length).
+  std::size_t value_dim() const noexcept { return dv_; }
   /// head_dim rounded up to a multiple of 8 (padded channels have lo = st = 0, code 0).
   std::size_t padded_dim() const noexcept { return dp_; }
   std::size_t size() const noexcept { return n_; }
@@ -83,8 +91,8 @@ class key_index {
     inv4_.reserve(dp_);
     inv8_.reserve(dp_);
     q4_.reserve(dp_);
-    acc_.reserve(d_);
-    center_.reserve(d_);
+    acc_.reserve(dv_);
+    center_.reserve(dv_);
   }
 
   /// Indexes every token of kv (after prefill) and fixes the value bounds (centre g, cap,
@@ -92,7 +100,7 @@ class key_index {
   /// values.
   template <kv_view KV>
   void build(const KV& kv) {
-    check_dim(kv);
+    check_dim(kv, /*building=*/true);
     // Check every row first: a build that throws leaves the index as it was.
     const std::size_t n = kv.size();
     float kmax = 0.0f;
@@ -104,6 +112,7 @@ class key_index {
     scales_.clear();
     max_abs_key_ = kmax;
     built_ = true;
+    dv_ = value_dim_of(kv);
     const std::size_t nb = (n + kBlockTokens - 1) / kBlockTokens;
     resize_blocks(nb);
     n_ = n;
@@ -144,7 +153,7 @@ class key_index {
     }
     dist_.resize(blocks() * kBlockTokens, 0.0f);
     offset_up_.resize(blocks() * kBlockTokens, 0.0f);
-    dist_[position] = value_distance_bound(kv.value(position), center_, d_);
+    dist_[position] = value_distance_bound(kv.value(position), center_, dv_);
     offset_up_[position] = sampling_offset_upper(dist_[position], reach_floor_);
     if (dist_[position] > cap_) exact_.push_back(std::uint32_t(position));
     if (!std::isfinite(dist_[position])) overflow_.push_back(std::uint32_t(position));
@@ -284,12 +293,21 @@ class key_index {
   }
 
  private:
+  /// The view's dimensions against the index's: head_dim always, value_dim except when
+  /// a build fixes it.
   template <kv_view KV>
-  void check_dim(const KV& kv) const {
+  void check_dim(const KV& kv, bool building = false) const {
     if (d_ == 0) throw error("key_index: default-constructed (head_dim 0)");
     if (kv.head_dim() != d_)
       throw error("kv.head_dim() (" + std::to_string(kv.head_dim()) +
                   ") != key_index head_dim (" + std::to_string(d_) + ")");
+    const std::size_t dv = value_dim_of(kv);
+    if (dv == 0 || dv > d_)
+      throw error("kv's value_dim (" + std::to_string(dv) + ") must lie in [1, head_dim = " +
+                  std::to_string(d_) + "]");
+    if (!building && dv != dv_)
+      throw error("kv's value_dim (" + std::to_string(dv) + ") != the value_dim the index was built with (" +
+                  std::to_string(dv_) + ")");
   }
   /// Throws on a NaN or Inf in token t's key or value; returns max |k| of its key.
   template <kv_view KV>
@@ -302,8 +320,9 @@ class key_index {
         throw error("keys: token " + std::to_string(t) + " has a NaN or Inf");
       kmax = std::max(kmax, std::fabs(check_[i]));
     }
-    detail::row_to_float(kv.value(t), check_.data(), d_);
-    for (std::size_t i = 0; i < d_; ++i)
+    const std::size_t dv = value_dim_of(kv);  // a build checks before it fixes dv_
+    detail::row_to_float(kv.value(t), check_.data(), dv);
+    for (std::size_t i = 0; i < dv; ++i)
       if (!std::isfinite(check_[i]))
         throw error("values: token " + std::to_string(t) + " has a NaN or Inf");
     return kmax;
@@ -505,19 +524,19 @@ class key_index {
   template <kv_view KV>
   void refresh_value_bounds(const KV& kv) {
     std::vector<double>& acc = acc_;
-    acc.assign(d_, 0.0);
+    acc.assign(dv_, 0.0);
     check_.resize(d_);
     for (std::size_t t = 0; t < n_; ++t) {
-      detail::row_to_float(kv.value(t), check_.data(), d_);
-      for (std::size_t i = 0; i < d_; ++i) acc[i] += double(check_[i]);
+      detail::row_to_float(kv.value(t), check_.data(), dv_);
+      for (std::size_t i = 0; i < dv_; ++i) acc[i] += double(check_[i]);
     }
-    center_.assign(d_, 0.0f);
+    center_.assign(dv_, 0.0f);
     if (n_ > 0)
-      for (std::size_t i = 0; i < d_; ++i) center_[i] = float(acc[i] / double(n_));
+      for (std::size_t i = 0; i < dv_; ++i) center_[i] = float(acc[i] / double(n_));
     dist_.assign(blocks() * kBlockTokens, 0.0f);
     for (std::size_t t = 0; t < n_; ++t) {  // the same bits as from the 16-bit row
-      detail::row_to_float(kv.value(t), check_.data(), d_);
-      dist_[t] = value_distance_bound(check_.data(), center_, d_);
+      detail::row_to_float(kv.value(t), check_.data(), dv_);
+      dist_[t] = value_distance_bound(check_.data(), center_, dv_);
     }
     sort_.assign(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_));
     cap_ = value_cap_from_inplace(sort_);
@@ -538,7 +557,7 @@ class key_index {
     next_refresh_ = std::max(2 * n_, kMinTokensForCap);
   }
 
-  std::size_t d_ = 0, dp_ = 0, n_ = 0, next_refresh_ = 0;
+  std::size_t d_ = 0, dv_ = 0, dp_ = 0, n_ = 0, next_refresh_ = 0;
   bool built_ = false;
   refresh_policy policy_ = refresh_policy::kOnDoubling;
   float max_abs_key_ = 0.0f;
@@ -560,7 +579,7 @@ class key_index {
   large_vector<float> offset_up_;         // [tokens (block-padded)] ln(rho_t / rho_bar), up
   std::vector<float> block_prefix_max_;   // [blocks] max of dist_ <= cap_ over blocks 0..b
   std::vector<float> block_prefix_max_all_;  // [blocks] max of finite dist_ over blocks 0..b
-  std::vector<float> center_;             // [head_dim] g
+  std::vector<float> center_;             // [value_dim] g
 };
 
 }  // namespace certattn

@@ -31,6 +31,27 @@ concept kv_view = requires(const V& v, std::size_t t) {
   { v.value(t) } -> std::convertible_to<const typename V::element_type*>;
 };
 
+/// The channels of a view's value rows: value_dim() when the view has one (a latent
+/// cache, whose values are a prefix of its key rows), else head_dim().
+template <kv_view KV>
+std::size_t value_dim_of(const KV& kv) noexcept {
+  if constexpr (requires { { kv.value_dim() } -> std::convertible_to<std::size_t>; })
+    return kv.value_dim();
+  else
+    return kv.head_dim();
+}
+
+/// True when a view's value rows lie inside its key rows (kv.values_alias_keys(), as
+/// latent_kv and a strided_kv over one array declare): a value read after its key costs
+/// no bytes.
+template <kv_view KV>
+bool values_alias_keys(const KV& kv) noexcept {
+  if constexpr (requires { { kv.values_alias_keys() } -> std::convertible_to<bool>; })
+    return kv.values_alias_keys();
+  else
+    return false;
+}
+
 /// Keys and values in two arrays with runtime token strides (in elements). Covers
 /// token-major NHD ([token][kv_head][dim], stride = kv_heads * head_dim), head-major HND
 /// ([kv_head][token][dim], stride = head_dim) and any padded variant.
@@ -40,26 +61,35 @@ class strided_kv {
   using element_type = T;
   strided_kv() = default;
   // keys/values point at token 0 of this head; strides are in elements.
+  // value_dim: the channels of a value row (0: head_dim; fewer when the values have their
+  // own width, or are a prefix of the key rows as in multi-head latent attention).
   strided_kv(const T* keys, const T* values, std::size_t n_tokens, std::size_t head_dim,
-             std::size_t key_stride, std::size_t value_stride)
+             std::size_t key_stride, std::size_t value_stride, std::size_t value_dim = 0)
       : keys_(keys), values_(values), n_(n_tokens), d_(head_dim),
-        key_stride_(key_stride), value_stride_(value_stride) {
+        dv_(value_dim == 0 ? head_dim : value_dim), key_stride_(key_stride),
+        value_stride_(value_stride) {
     if (head_dim == 0) throw error("head_dim must be > 0");
+    if (dv_ > head_dim)
+      throw error("value_dim (" + std::to_string(dv_) + ") > head_dim (" + std::to_string(head_dim) +
+                  "): a value row may not be wider than a key row");
     if (n_tokens > 0 && (keys == nullptr || values == nullptr))
       throw error("strided_kv: keys and values must not be null");
     if (key_stride < head_dim && n_tokens > 1)
       throw error("key_stride (" + std::to_string(key_stride) + ") < head_dim (" +
                   std::to_string(head_dim) + "): rows would overlap");
-    if (value_stride < head_dim && n_tokens > 1)
-      throw error("value_stride (" + std::to_string(value_stride) + ") < head_dim (" +
-                  std::to_string(head_dim) + "): rows would overlap");
+    if (value_stride < dv_ && n_tokens > 1)
+      throw error("value_stride (" + std::to_string(value_stride) + ") < value_dim (" +
+                  std::to_string(dv_) + "): rows would overlap");
   }
   std::size_t size() const noexcept { return n_; }
   std::size_t head_dim() const noexcept { return d_; }
+  std::size_t value_dim() const noexcept { return dv_; }
   const T* key(std::size_t t) const noexcept { return keys_ + t * key_stride_; }
   const T* value(std::size_t t) const noexcept { return values_ + t * value_stride_; }
   std::size_t key_stride() const noexcept { return key_stride_; }
   std::size_t value_stride() const noexcept { return value_stride_; }
+  /// True when every value row is a prefix of its key row (one array for both).
+  bool values_alias_keys() const noexcept { return values_ == keys_ && value_stride_ == key_stride_; }
   /// The same cache seen with fewer tokens (a prefix), e.g. the state before an append.
   strided_kv prefix(std::size_t n) const noexcept {
     strided_kv v = *this;
@@ -70,7 +100,7 @@ class strided_kv {
  private:
   const T* keys_ = nullptr;
   const T* values_ = nullptr;
-  std::size_t n_ = 0, d_ = 0, key_stride_ = 0, value_stride_ = 0;
+  std::size_t n_ = 0, d_ = 0, dv_ = 0, key_stride_ = 0, value_stride_ = 0;
 };
 
 /// Head `head` of a token-major cache [token][kv_heads][head_dim] (llama.cpp's layout).
@@ -153,6 +183,48 @@ class paged_kv {
               head_offset_ = 0;
 };
 
+/// Multi-head latent attention in its absorbed form (DeepSeek-V2/V3, Kimi K2): one latent
+/// row of head_dim channels per token (512 latent + 64 rotary) is the key of every query
+/// head of the layer, and its first value_dim channels (512) are the value: key(t) and
+/// value(t) are the same pointer, and there is no value buffer. Rows are `row_stride`
+/// elements apart. The softmax scale is the model's (1/sqrt(192) for DeepSeek-V3), not
+/// 1/sqrt(head_dim): set options::softmax_scale.
+template <storage_element T>
+class latent_kv {
+ public:
+  using element_type = T;
+  latent_kv() = default;
+  latent_kv(const T* rows, std::size_t n_tokens, std::size_t head_dim, std::size_t value_dim,
+            std::size_t row_stride)
+      : rows_(rows), n_(n_tokens), d_(head_dim), dv_(value_dim), stride_(row_stride) {
+    if (head_dim == 0) throw error("head_dim must be > 0");
+    if (value_dim == 0 || value_dim > head_dim)
+      throw error("value_dim (" + std::to_string(value_dim) +
+                  ") must lie in [1, head_dim = " + std::to_string(head_dim) +
+                  "]: the values are a prefix of the key rows they alias");
+    if (n_tokens > 0 && rows == nullptr) throw error("latent_kv: rows must not be null");
+    if (row_stride < head_dim && n_tokens > 1)
+      throw error("row_stride (" + std::to_string(row_stride) + ") < head_dim (" +
+                  std::to_string(head_dim) + "): rows would overlap");
+  }
+  std::size_t size() const noexcept { return n_; }
+  std::size_t head_dim() const noexcept { return d_; }
+  std::size_t value_dim() const noexcept { return dv_; }
+  const T* key(std::size_t t) const noexcept { return rows_ + t * stride_; }
+  const T* value(std::size_t t) const noexcept { return rows_ + t * stride_; }
+  std::size_t row_stride() const noexcept { return stride_; }
+  bool values_alias_keys() const noexcept { return true; }
+  latent_kv prefix(std::size_t n) const noexcept {
+    latent_kv v = *this;
+    v.n_ = n < n_ ? n : n_;
+    return v;
+  }
+
+ private:
+  const T* rows_ = nullptr;
+  std::size_t n_ = 0, d_ = 0, dv_ = 0, stride_ = 0;
+};
+
 /// A kv_view's keys (or values) as the matrix_view the reference estimator takes, when its
 /// rows are evenly strided.
 template <storage_element T>
@@ -161,7 +233,7 @@ matrix_view<T> keys_matrix(const strided_kv<T>& kv) {
 }
 template <storage_element T>
 matrix_view<T> values_matrix(const strided_kv<T>& kv) {
-  return {kv.value(0), kv.size(), kv.head_dim(), kv.value_stride()};
+  return {kv.value(0), kv.size(), kv.value_dim(), kv.value_stride()};
 }
 
 /// Dense copies of a kv_view's key and value rows ([size][head_dim] each, any layout), as
@@ -171,19 +243,19 @@ template <kv_view KV>
 struct dense_rows {
   using T = typename KV::element_type;
   std::vector<T> keys, values;
-  std::size_t n = 0, d = 0;
-  explicit dense_rows(const KV& kv) : n(kv.size()), d(kv.head_dim()) {
+  std::size_t n = 0, d = 0, dv = 0;  // tokens, key channels, value channels
+  explicit dense_rows(const KV& kv) : n(kv.size()), d(kv.head_dim()), dv(value_dim_of(kv)) {
     keys.resize(n * d);
-    values.resize(n * d);
+    values.resize(n * dv);
     for (std::size_t t = 0; t < n; ++t) {
       const T* k = kv.key(t);
       const T* v = kv.value(t);
       std::copy(k, k + d, keys.begin() + std::ptrdiff_t(t * d));
-      std::copy(v, v + d, values.begin() + std::ptrdiff_t(t * d));
+      std::copy(v, v + dv, values.begin() + std::ptrdiff_t(t * dv));
     }
   }
   matrix_view<T> key_matrix() const { return {keys.data(), n, d, d}; }
-  matrix_view<T> value_matrix() const { return {values.data(), n, d, d}; }
+  matrix_view<T> value_matrix() const { return {values.data(), n, dv, dv}; }
 };
 
 }  // namespace certattn

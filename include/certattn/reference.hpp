@@ -88,7 +88,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   detail::check_attention_inputs(q, keys, values);
   validate(opt.variant, 1, "options.variant");
 
-  const std::size_t n = keys.rows, d = keys.cols, pool_end = n - opt.effective_window(n);
+  const std::size_t n = keys.rows, d = keys.cols, dv = values.cols, pool_end = n - opt.effective_window(n);
   // The variant: tokens [first, n) attend, the pool is [first, pool_end).
   const head_variant hv = head_variant_of(opt.variant, 0, n);
   const std::size_t first = hv.first, attended = n - first;
@@ -106,7 +106,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   auto value = [&](std::size_t t, std::size_t i) { return to_double(values(t, i)); };
   auto value_sq = [&](std::size_t t) {
     double a = 0.0;
-    for (std::size_t i = 0; i < d; ++i) a += value(t, i) * value(t, i);
+    for (std::size_t i = 0; i < dv; ++i) a += value(t, i) * value(t, i);
     return a;
   };
 
@@ -117,11 +117,11 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
     center_store = value_mean(values, n);
     center = center_store;
   }
-  if (center.size() != d)
+  if (center.size() != dv)
     throw error("extras.value_center has " + std::to_string(center.size()) +
-                " elements but head_dim is " + std::to_string(d));
+                " elements but the values have " + std::to_string(dv) + " channels");
   std::vector<float> dist(n);
-  for (std::size_t t = 0; t < n; ++t) dist[t] = value_distance_bound(values.row(t), center, d);
+  for (std::size_t t = 0; t < n; ++t) dist[t] = value_distance_bound(values.row(t), center, dv);
   res.value_cap = std::isnan(extras.value_cap) ? value_cap_from(dist) : extras.value_cap;
   // The classic certificate reads value outliers exactly; the tight one samples them in
   // proportion to their reach, and reads exactly only values whose distance overflowed.
@@ -143,25 +143,25 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   auto dev = [&](std::size_t t, std::size_t i) { return value(t, i) - double(center[i]); };
   auto dev_sq = [&](std::size_t t) {
     double a = 0.0;
-    for (std::size_t i = 0; i < d; ++i) a += dev(t, i) * dev(t, i);
+    for (std::size_t i = 0; i < dv; ++i) a += dev(t, i) * dev(t, i);
     return a;
   };
 
   // Window and exact set: exact sums. A sink is one more exact row, of value 0.
   double window_weight = 0.0, window_sq = 0.0;
-  std::vector<double> window_num(d, 0.0);
+  std::vector<double> window_num(dv, 0.0);
   for (std::size_t t = first; t < n; ++t) {
     if (!in_exact_set(t)) continue;
     if (t < pool_end) ++res.exact_set;
     const double w = std::exp(s[t] - cw);
     window_weight += w;
     window_sq += w * value_sq(t);
-    for (std::size_t i = 0; i < d; ++i) window_num[i] += w * dev(t, i);
+    for (std::size_t i = 0; i < dv; ++i) window_num[i] += w * dev(t, i);
   }
   if (hv.has_sink) {
     const double w = std::exp(hv.sink - cw);
     window_weight += w;
-    for (std::size_t i = 0; i < d; ++i) window_num[i] -= w * double(center[i]);
+    for (std::size_t i = 0; i < dv; ++i) window_num[i] -= w * double(center[i]);
   }
 
   // Levels at which each pool key is heavy and sampled.
@@ -193,7 +193,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   const std::size_t budget = sample_budget(opt, attended);
   const std::size_t head_budget = budget - std::min(extras.group_spent, budget);
   bool over_budget = false;
-  std::vector<double> exact_num(d), light_sum(d), o_hat(d), c0(d);
+  std::vector<double> exact_num(dv), light_sum(dv), o_hat(dv), c0(dv);
   for (int j = 0; j <= J && pool > res.exact_set && !routed && !joined; ++j) {
     const double tau = tau_of(j, r);
     level_sums sums;
@@ -210,7 +210,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
         ++heavy;
         sums.exact_weight += w;
         sums.exact_sq += w * value_sq(t);
-        for (std::size_t i = 0; i < d; ++i) exact_num[i] += w * dev(t, i);
+        for (std::size_t i = 0; i < dv; ++i) exact_num[i] += w * dev(t, i);
       } else if (res.sample_level[t] <= j) {  // light and sampled: weight tau kappa
         const double kappa = design.weight(dist[t]), rho = design.reach(dist[t]);
         const double dsq = dev_sq(t);
@@ -220,7 +220,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
         sums.light_h += kappa * per_reach(dsq, rho);
         sums.light_hw += std::exp(s[t] - cw) * per_reach(dsq, rho);
         sums.light_t += kappa * value_sq(t);
-        for (std::size_t i = 0; i < d; ++i) light_sum[i] += kappa * dev(t, i);
+        for (std::size_t i = 0; i < dv; ++i) light_sum[i] += kappa * dev(t, i);
       }
     }
     sums.exact_num = exact_num;
@@ -245,7 +245,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
       // would read: the window and the sample.
       cert.keys_read = (n - pool_end) + res.exact_set + heavy + sums.light_count;
       cert.values_read = cert.keys_read;
-      cert.bytes_read = (cert.keys_read + cert.values_read) * d * sizeof(T);
+      cert.bytes_read = (cert.keys_read * d + cert.values_read * dv) * sizeof(T);
       return res;
     }
     if (heavy + sums.light_count > head_budget) {
@@ -278,7 +278,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
         hv.score_magnitude(opt.effective_softmax_scale(d) * l1 * double(float(kmax)));
     const std::size_t terms = attended + (hv.has_sink ? 1 : 0);
     exact_rounding r;
-    r.head_dim = d;
+    r.head_dim = dv;
     r.eta = double_path_eta(terms, centred ? magnitude + grid_shift(top) : magnitude + std::fabs(c) * 0x1p-40);
     r.value_scale = ex.value_scale;
     r.center_norm = centred ? std::sqrt(g2) : 0.0;
@@ -291,7 +291,7 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   res.cert.denominator = ex.denominator;
   res.cert.keys_read = attended;
   res.cert.values_read = attended;
-  res.cert.bytes_read = 2 * attended * d * sizeof(T);
+  res.cert.bytes_read = attended * (d + dv) * sizeof(T);
   return res;
 }
 

@@ -104,15 +104,18 @@ class uninitialized_doubles {
 }  // namespace detail
 
 /// Caller-owned scratch of the certified call, sized once for (group, head_dim, the most
-/// tokens, the most levels). A call with sizes within these never allocates.
+/// tokens, the most levels, the most value channels: 0 means head_dim, which serves every
+/// cache of that head_dim, latent ones included). A call with sizes within these never
+/// allocates.
 class attend_workspace {
  public:
   attend_workspace(std::size_t group, std::size_t head_dim, std::size_t max_tokens,
-                   int max_levels = options{}.total_levels())
-      : group_(group), d_(head_dim), dp_((head_dim + 7) / 8 * 8), cap_(max_tokens),
-        levels_(max_levels) {
+                   int max_levels = options{}.total_levels(), std::size_t value_dim = 0)
+      : group_(group), d_(head_dim), dv_(value_dim == 0 ? head_dim : value_dim),
+        dp_((head_dim + 7) / 8 * 8), cap_(max_tokens), levels_(max_levels) {
     if (group == 0) throw error("attend_workspace: group must be > 0");
     if (head_dim == 0) throw error("attend_workspace: head_dim must be > 0");
+    if (dv_ > head_dim) throw error("attend_workspace: value_dim must be <= head_dim");
     if (max_levels < 0 || max_levels > 254)
       throw error("attend_workspace: max_levels must lie in [0, 254]");
     const std::size_t blocks = (max_tokens + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
@@ -145,16 +148,16 @@ class attend_workspace {
     to_include_.assign(max_tokens + 16, {});
     pending_head_.assign(std::size_t(max_levels) + 2, -1);
     transition_head_.assign(std::size_t(max_levels) + 2, -1);
-    exact_num_.assign(head_dim, 0.0);
-    light_sum_.assign(head_dim, 0.0);
-    window_num_.assign(group * head_dim, 0.0);
-    center_.assign(head_dim, 0.0);
-    o_hat_.assign(head_dim, 0.0);
-    c0_.assign(head_dim, 0.0);
+    exact_num_.assign(dv_, 0.0);
+    light_sum_.assign(dv_, 0.0);
+    window_num_.assign(group * dv_, 0.0);
+    center_.assign(dv_, 0.0);
+    o_hat_.assign(dv_, 0.0);
+    c0_.assign(dv_, 0.0);
     dense_ws_ = dense_workspace(group, head_dim);
     exact_heads_.assign(group, 0);
     exact_q_.assign(group * head_dim, 0.0f);
-    exact_out_.assign(group * head_dim, 0.0f);
+    exact_out_.assign(group * dv_, 0.0f);
     exact_m_.assign(group, 0.0f);
     exact_l_.assign(group, 0.0f);
     exact_slopes_.assign(group, 0.0f);
@@ -165,6 +168,8 @@ class attend_workspace {
 
   std::size_t group() const noexcept { return group_; }
   std::size_t head_dim() const noexcept { return d_; }
+  /// The most value channels a call may have (head_dim unless sized smaller).
+  std::size_t value_dim() const noexcept { return dv_; }
   std::size_t max_tokens() const noexcept { return cap_; }
   int max_levels() const noexcept { return levels_; }
   /// Statistics of the last call.
@@ -209,7 +214,7 @@ class attend_workspace {
     std::uint8_t stage = 0;  // kRefined or kScored
   };
 
-  std::size_t group_, d_, dp_, cap_;
+  std::size_t group_, d_, dv_, dp_, cap_;
   int levels_;
   std::size_t u_stride_ = 0, block_stride_ = 0;
   // Per-token arrays (large_vector: on huge pages, memory.hpp): the level loop reads
@@ -241,12 +246,13 @@ class attend_workspace {
   large_vector<admitted> to_include_;     // this level's keys whose values enter the sums
   std::vector<std::int32_t> pending_head_, transition_head_;
   std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
-  std::vector<double> window_num_;  // [group][head_dim]
-  std::vector<double> center_;      // [head_dim] the index's value centre g (level_sums)
+  std::vector<double> window_num_;  // [group][value_dim]
+  std::vector<double> center_;      // [value_dim] the index's value centre g (level_sums)
   group_stats stats_;
   dense_workspace dense_ws_;  // the exact answers' (one dense pass for all their heads)
   std::vector<std::uint32_t> exact_heads_;  // [group] heads answered exactly, this call
-  std::vector<float> exact_q_, exact_out_;  // [group][head_dim] their queries and outputs
+  std::vector<float> exact_q_, exact_out_;  // [group][head_dim], [group][value_dim]: their
+                                            // queries and outputs
   std::vector<float> exact_m_, exact_l_;    // [group] the dense pass's softmax states
   std::vector<float> exact_slopes_;         // [group] their position-bias slopes
   std::vector<std::uint8_t> exact_float_;   // [group] 1: the head joins the float pass

@@ -366,7 +366,7 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
                             _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
                             use_history, out, _count(threads, "threads"), variant)
-    return _like(o.reshape(shape), q), certs.reshape(shape[:-1])
+    return _like(o.reshape(shape[:-1] + o.shape[-1:]), q), certs.reshape(shape[:-1])
 
 
 def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1, softcap=None, alibi_slopes=None,
@@ -377,7 +377,7 @@ def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1, softc
     q3, shape = _group_queries(_queries(q), kc)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
     o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"), variant)
-    return _like(o.reshape(shape), q)
+    return _like(o.reshape(shape[:-1] + o.shape[-1:]), q)
 
 
 def exact_attention(q, k, v, *, softmax_scale: float = 0.0, softcap=None, alibi_slopes=None, sinks=None,
@@ -388,7 +388,7 @@ def exact_attention(q, k, v, *, softmax_scale: float = 0.0, softcap=None, alibi_
     q3, shape = _group_queries(_queries(q), kc)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
     o, info = _core.exact_attention(q3, kc, vc, _real(softmax_scale, "softmax_scale"), variant)
-    return o.reshape(shape), info.reshape(shape[:-1])
+    return o.reshape(shape[:-1] + o.shape[-1:]), info.reshape(shape[:-1])
 
 
 def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1, delta: float = 0.05,
@@ -417,7 +417,7 @@ def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1
     o, certs = _core.reference_attend(q3, kc, vc, None if index is None else index._core, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
                                       _count(sequence, "sequence"), hints, history, variant)
-    return o.reshape(shape), certs.reshape(shape[:-1])
+    return o.reshape(shape[:-1] + o.shape[-1:]), certs.reshape(shape[:-1])
 
 
 # --- audit ---------------------------------------------------------------------------------

@@ -51,11 +51,13 @@ struct cache_arg {
   std::size_t head_stride = 0, token_stride = 0;  // elements
   bool layer = false;                             // given as [kv_heads, n, d]
 
+  /// With v this cache's values (as many channels or fewer: v = k[..., :512] is the value
+  /// of a latent cache, multi-head latent attention).
   template <class T>
   strided_kv<T> view_with(const cache_arg& v, std::size_t h) const {
     return strided_kv<T>(reinterpret_cast<const T*>(data) + h * head_stride,
                          reinterpret_cast<const T*>(v.data) + h * v.head_stride, n, d, token_stride,
-                         v.token_stride);
+                         v.token_stride, v.d);
   }
   template <class T>
   matrix_view<T> matrix(std::size_t h) const {
@@ -116,11 +118,11 @@ void check_pair(const cache_arg& k, const cache_arg& v) {
   if (k.dtype != v.dtype)
     throw py::type_error(std::string("k and v have different dtypes (") + dtype_name(k.dtype) + ", " +
                          dtype_name(v.dtype) + ")");
-  if (k.layer != v.layer || k.heads != v.heads || k.n != v.n || k.d != v.d)
+  if (k.layer != v.layer || k.heads != v.heads || k.n != v.n || v.d > k.d)
     throw py::value_error("k and v have different shapes (kv_heads " + std::to_string(k.heads) + " vs " +
                           std::to_string(v.heads) + ", n_tokens " + std::to_string(k.n) + " vs " +
                           std::to_string(v.n) + ", head_dim " + std::to_string(k.d) + " vs " +
-                          std::to_string(v.d) + ")");
+                          std::to_string(v.d) + "; v may have fewer channels than k, not more)");
 }
 
 /// Calls f(T{}) with the cache's element type.
@@ -320,7 +322,7 @@ class py_index {
           if (hints != nullptr) hint_span = std::span<const int>(hints + h * G, G);
           dispatch(dtype_, [&](auto t) {
             const auto queries = std::span<const float>(q.data + h * G * d, G * d);
-            const auto o = std::span<float>(out + h * G * d, G * d);
+            const auto o = std::span<float>(out + h * G * v.d, G * v.d);
             const auto c = std::span<certificate>(certs_all.data() + h * G, G);
             if (use_history)
               attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, head_opt, o, c, *ws_[w],
@@ -433,13 +435,13 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
     throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   py::array_t<float> out;
   if (out_in.is_none()) {
-    out = py::array_t<float>({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
+    out = py::array_t<float>({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   } else {
     out = py::array_t<float>::ensure(out_in);
     if (!out || !py::isinstance<py::array_t<float>>(out_in) || !(out.flags() & py::array::c_style) ||
-        !out.writeable() || std::size_t(out.size()) != q.heads * q.group * q.d)
+        !out.writeable() || std::size_t(out.size()) != q.heads * q.group * v.d)
       throw py::value_error("out: expected a writable C-contiguous float32 array of " +
-                            std::to_string(q.heads * q.group * q.d) + " elements");
+                            std::to_string(q.heads * q.group * v.d) + " elements");
   }
   auto certs = new_certs(q.heads, q.group);
   float* o = out.mutable_data();
@@ -480,22 +482,22 @@ py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const 
   check_pair(k, v);
   check_queries(q, k);
   check_softmax_scale(softmax_scale);
-  py::array_t<float> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
+  py::array_t<float> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   float* o = out.mutable_data();
   {
     py::gil_scoped_release nogil;
-    const std::size_t G = q.group, d = q.d;
+    const std::size_t G = q.group, d = q.d, dv = v.d;
     std::vector<dense_workspace> ws;
     for (std::size_t i = 0; i < std::min(std::max<std::size_t>(threads, 1), q.heads); ++i)
       ws.push_back(make_dense_workspace(G, d));
     run_heads(q.heads, threads, [&](std::size_t h, std::size_t w) {
       dispatch(k.dtype, [&](auto t) {
         dense_attend(std::span<const float>(q.data + h * G * d, G * d), G, k.view_with<decltype(t)>(v, h),
-                     float(softmax_scale), std::span<float>(o + h * G * d, G * d), ws[w], 0, SIZE_MAX,
+                     float(softmax_scale), std::span<float>(o + h * G * dv, G * dv), ws[w], 0, SIZE_MAX,
                      variant_of(variant, h, G, q.heads));
       });
     });
-    for (std::size_t i = 0; i < q.heads * G * d; ++i)
+    for (std::size_t i = 0; i < q.heads * G * dv; ++i)
       if (!std::isfinite(o[i]))
         throw error("dense_attend: the output holds a NaN or Inf (a NaN or Inf in q, k or v, or scores beyond float)");
   }
@@ -513,7 +515,7 @@ py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array
   check_pair(k, v);
   check_queries(q, k);
   check_softmax_scale(softmax_scale);
-  py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
+  py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   py::array_t<exact_record> info({py::ssize_t(q.heads), py::ssize_t(q.group)});
   double* o = out.mutable_data();
   exact_record* r = info.mutable_data();
@@ -527,7 +529,7 @@ py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array
           return exact_attention(std::span<const float>(q.data + row * q.d, q.d), k.matrix<T>(h), v.matrix<T>(h),
                                  softmax_scale, head_slice(variant_of(variant, h, q.group, q.heads), g));
         });
-        std::copy(x.output.begin(), x.output.end(), o + row * q.d);
+        std::copy(x.output.begin(), x.output.end(), o + row * v.d);
         r[row] = {x.max_score, x.denominator, x.value_scale, x.output_norm};
       }
   }
@@ -581,7 +583,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
     start = histories_fit(history->heads, q.heads, q.group) ? history->heads
                                                            : std::vector<group_history>(q.heads, group_history(q.group));
   const std::int32_t* hp = hints_in.is_none() ? nullptr : hints.data();
-  py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(q.d)});
+  py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   auto certs = new_certs(q.heads, q.group);
   double* o = out.mutable_data();
   cert_record* c = certs.mutable_data();
@@ -606,7 +608,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
       });
       for (std::size_t g = 0; g < G; ++g) {
         const std::size_t row = h * G + g;
-        std::copy(rs[g].output.begin(), rs[g].output.end(), o + row * d);
+        std::copy(rs[g].output.begin(), rs[g].output.end(), o + row * v.d);
         c[row] = to_record(rs[g].cert);
       }
     }
@@ -652,6 +654,7 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
                                    std::size_t check_every, std::size_t threads) {
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
+  if (k.d != v.d) throw py::value_error("audit: v must have k's head_dim (a latent cache is not audited here)");
   if (!py::isinstance<py::array_t<float>>(q_in) || q_in.ndim() != 4 || !(q_in.flags() & py::array::c_style))
     throw py::value_error("queries: expected C-contiguous float32 [steps, kv_heads, group, head_dim]");
   const std::size_t S = std::size_t(q_in.shape(0)), H = k.heads, G = std::size_t(q_in.shape(2)), n = k.n, d = k.d;
@@ -810,6 +813,7 @@ std::vector<double> cpp_attend_seconds(const py::array& q_in, const py::array& k
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
+  if (v.d != k.d) throw py::value_error("cpp_attend_seconds: v must have k's head_dim");
   index.check_cache(k);
   if (q.heads != k.heads || q.d != k.d) throw py::value_error("q does not match the cache");
   const std::size_t H = q.heads, G = q.group, d = q.d;

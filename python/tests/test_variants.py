@@ -94,3 +94,36 @@ def test_variant_exact_attention_is_the_variant(name):
     assert np.allclose(np.reshape(exact, want.shape), want, rtol=1e-9, atol=1e-12)
     plain, _ = certattn.exact_attention(q[0], k, v)
     assert not np.allclose(exact, plain, rtol=1e-6, atol=1e-9)  # the variant changes the output
+
+
+def test_latent_attention_values_are_a_prefix_of_the_keys():
+    """Multi-head latent attention (DeepSeek-V3): k holds one latent row per token and
+    v = k[..., :dv] is a view of it (no copy); the output has dv channels."""
+    d, dv, G = 192, 128, 16
+    k, _, q = synthetic_cache(2500, d, seed=4, focus=1.5, steps=2, groups=G)
+    v = k[..., :dv]
+    assert np.shares_memory(k, v)
+    index = certattn.KeyIndex(k, v)
+    scale = 1.0 / np.sqrt(64.0)
+    hints = None
+    for step in range(2):
+        out, certs = certattn.attend(q[step], k, v, index, softmax_scale=scale, step=step, layer=0, routing="off",
+                                     level_hints=hints)
+        assert out.shape[-1] == dv
+        ref, rcerts = certattn.reference_attend(q[step], k, v, index, softmax_scale=scale, step=step, layer=0,
+                                                routing="off", level_hints=hints)
+        hints = certs["level"]
+        for f in ("certified", "exact", "level", "heavy", "sampled"):
+            assert np.array_equal(certs[f], rcerts[f])
+        exact, info = certattn.exact_attention(q[step], k, v, softmax_scale=scale)
+        want = np.asarray(np.reshape(q[step], (-1, d)), np.float64) @ np.asarray(k, np.float64).T * scale
+        w = np.exp(want - want.max(axis=1, keepdims=True))
+        want = (w @ np.asarray(v, np.float64)) / w.sum(axis=1, keepdims=True)
+        assert np.allclose(np.reshape(exact, want.shape), want, rtol=1e-9, atol=1e-12)
+        ok = certs["certified"].astype(bool)
+        err = np.linalg.norm(out - exact, axis=-1)
+        assert (err[ok] <= 0.1 * info["value_scale"][ok]).all()
+        dense = certattn.dense_attend(q[step], k, v, softmax_scale=scale)
+        assert np.allclose(dense, exact, atol=2e-5 * max(1.0, float(np.abs(exact).max())))
+    with pytest.raises(ValueError, match="v may have fewer channels than k, not more"):
+        certattn.dense_attend(q[0][..., :dv], v, k)

@@ -346,6 +346,75 @@ INSTANTIATE_TEST_SUITE_P(All, CApiEquivalence, testing::ValuesIn(cases()), name_
 
 // The enumerators of the C header follow the C++ enumerations' order (the equivalence
 // test above relies on it for answer_path).
+// A latent cache (multi-head latent attention): the C layout gives the C++ latent_kv's
+// bits, for the certified call, the dense kernel and exact attention.
+TEST(CApiLatent, SameBitsAsTheCppCall) {
+  constexpr std::size_t n = 3000, d = 128, dv = 96, G = 8;
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const latent_kv<half> kv(src.key_row(0, 0), n, d, dv, d);
+  certattn_cache cc;
+  std::memset(&cc, 0, sizeof cc);
+  cc.dtype = CERTATTN_DTYPE_F16;
+  cc.layout = CERTATTN_LAYOUT_LATENT;
+  cc.keys = src.key_row(0, 0);
+  cc.n_tokens = n;
+  cc.head_dim = d;
+  cc.key_stride = d;
+  cc.value_dim = dv;
+  key_index idx(d);
+  idx.build(kv);
+  certattn_index* cidx = nullptr;
+  ASSERT_EQ(certattn_index_create(d, &cidx), CERTATTN_OK);
+  ASSERT_EQ(certattn_index_build(cidx, &cc), CERTATTN_OK) << certattn_last_error();
+  attend_workspace ws(G, d, n);
+  certattn_workspace* cws = nullptr;
+  ASSERT_EQ(certattn_workspace_create(G, d, n, &cws), CERTATTN_OK);
+  options o;
+  o.route = routing::kOff;
+  o.softmax_scale = 0.125;
+  const certattn_options co = to_c(o);
+  std::vector<float> out(G * dv), cout_(G * dv);
+  std::vector<certificate> certs(G);
+  std::vector<certattn_certificate> ccerts(G);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    const std::vector<float> q = synthetic::make_queries(src, 0, G, step);
+    const noise_key nk(step, 1, 0);
+    const certattn_noise_key ck{step, 1, 0, 0};
+    attend_group(std::span<const float>(q), G, kv, idx, nk, o, std::span<float>(out), std::span<certificate>(certs),
+                 ws);
+    ASSERT_EQ(certattn_attend_group(q.data(), G, &cc, cidx, &ck, &co, cout_.data(), ccerts.data(), cws, nullptr),
+              CERTATTN_OK)
+        << certattn_last_error();
+    EXPECT_EQ(std::memcmp(out.data(), cout_.data(), out.size() * sizeof(float)), 0);
+    for (std::size_t g = 0; g < G; ++g) expect_same(certs[g], ccerts[g], "latent head " + std::to_string(g));
+    dense_workspace dws(G, d);
+    dense_attend(std::span<const float>(q), G, kv, 0.125f, std::span<float>(out), dws);
+    ASSERT_EQ(certattn_dense_attend(q.data(), G, &cc, 0.125f, cout_.data(), cws), CERTATTN_OK);
+    EXPECT_EQ(std::memcmp(out.data(), cout_.data(), out.size() * sizeof(float)), 0);
+    const exact_result r = exact_attention(std::span<const float>(q).first(d), kv, 0.125);
+    std::vector<double> eo(dv);
+    ASSERT_EQ(certattn_exact_attention(q.data(), &cc, 0.125, eo.data(), nullptr), CERTATTN_OK);
+    EXPECT_EQ(std::memcmp(eo.data(), r.output.data(), dv * sizeof(double)), 0);
+  }
+  // Values other than the key rows, or a value width without the latent layout: refused.
+  certattn_cache bad = cc;
+  bad.values = src.value_row(0, 0);
+  EXPECT_EQ(certattn_index_build(cidx, &bad), CERTATTN_EINVAL);
+  EXPECT_NE(std::string(certattn_last_error()).find("cache.values must be NULL or equal to cache.keys"),
+            std::string::npos);
+  bad = cc;
+  bad.layout = CERTATTN_LAYOUT_STRIDED;
+  bad.values = src.value_row(0, 0);
+  bad.value_stride = d;
+  EXPECT_EQ(certattn_index_build(cidx, &bad), CERTATTN_EINVAL);
+  EXPECT_NE(std::string(certattn_last_error()).find("needs the latent layout"), std::string::npos);
+  certattn_workspace_destroy(cws);
+  certattn_index_destroy(cidx);
+}
+
 TEST(CApiLayout, EnumeratorsMatchTheCppOrder) {
   EXPECT_EQ(int(answer_path::kSampled), CERTATTN_PATH_SAMPLED);
   EXPECT_EQ(int(answer_path::kNoPool), CERTATTN_PATH_NO_POOL);

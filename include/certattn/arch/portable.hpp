@@ -447,24 +447,25 @@ inline void dense_chunk(const dense_chunk_args& a) {
     a.max_scores[g] = m_new;
     a.alpha[g] = alpha;
   }
+  const std::size_t dv = a.value_dim, vs = dense_round16(dv);
   std::fill(chunk, chunk + G * a.q_stride, 0.0f);
   for (std::size_t t = 0; t < a.n; ++t) {
     if (a.prefetch_distance > 0)
       if (const void* ahead = dense_ahead_row(a.value_rows, a.rows_ahead, t + a.prefetch_distance))
-        dense_prefetch_row(ahead, key_bytes);
-    dense_row(static_cast<const T*>(a.value_rows[t]), d, a.q_stride, row);
+        dense_prefetch_row(ahead, dv * sizeof(T));
+    dense_row(static_cast<const T*>(a.value_rows[t]), dv, vs, row);
     for (std::size_t g = 0; g < G; ++g)
-      dense_axpy(a.scores[g * C + t], row, a.q_stride, chunk + g * a.q_stride);
+      dense_axpy(a.scores[g * C + t], row, vs, chunk + g * a.q_stride);
   }
   for (std::size_t g = 0; g < G; ++g) {
     float* o = a.acc + g * a.acc_stride;
     const float* c = chunk + g * a.q_stride;
     const batch_f al(a.alpha[g]);
     std::size_t i = 0;
-    for (; i + nf <= d; i += nf)
+    for (; i + nf <= dv; i += nf)
       xsimd::fma(batch_f::load_unaligned(o + i), al, batch_f::load_unaligned(c + i))
           .store_unaligned(o + i);
-    for (; i < d; ++i) o[i] = o[i] * a.alpha[g] + c[i];
+    for (; i < dv; ++i) o[i] = o[i] * a.alpha[g] + c[i];
   }
 }
 

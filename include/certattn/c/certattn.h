@@ -71,7 +71,8 @@ typedef enum certattn_dtype {
 
 typedef enum certattn_layout {
   CERTATTN_LAYOUT_STRIDED = 0, /* two arrays with token strides (NHD, HND, padded) */
-  CERTATTN_LAYOUT_PAGED = 1    /* page pools and a block table (vLLM, FlashInfer) */
+  CERTATTN_LAYOUT_PAGED = 1,   /* page pools and a block table (vLLM, FlashInfer) */
+  CERTATTN_LAYOUT_LATENT = 2   /* one latent row per token: key, and value prefix (MLA) */
 } certattn_layout;
 
 /* The cache of one KV head: n_tokens tokens, oldest first, each with a key and a value row
@@ -83,7 +84,12 @@ typedef enum certattn_layout {
  *            block_table[t / page_size] at page * page_stride + head_offset +
  *            (t % page_size) * token_stride (keys and values alike). block_table holds
  *            block_table_len entries, at least ceil(n_tokens / page_size).
- * The paged fields are ignored by the strided layout and the strided ones by the paged. */
+ *   latent   multi-head latent attention in its absorbed form (DeepSeek-V2/V3, Kimi K2):
+ *            keys points at token 0's latent row of head_dim elements (e.g. 576), rows
+ *            key_stride apart; the value is its first value_dim elements (e.g. 512);
+ *            values must be NULL or equal to keys. Outputs have value_dim channels.
+ * The paged fields are ignored by the strided layout and the strided ones by the paged.
+ * value_dim: 0 (head_dim) for strided and paged caches; the latent layout's value width. */
 typedef struct certattn_cache {
   int32_t dtype;   /* certattn_dtype */
   int32_t layout;  /* certattn_layout */
@@ -101,6 +107,8 @@ typedef struct certattn_cache {
   size_t page_stride;
   size_t token_stride;
   size_t head_offset;
+  /* latent */
+  size_t value_dim;
 } certattn_cache;
 
 /* ---- Options and certificates ------------------------------------------------------- */
@@ -289,7 +297,7 @@ CERTATTN_C_EXPORT int certattn_history_levels(const certattn_history* history, i
 /* ---- Calls --------------------------------------------------------------------------- */
 
 /* Certified attention for the `group` query heads of one GQA group over one KV head
- * (certattn::attend_group): queries [group][head_dim] (unscaled), out [group][head_dim],
+ * (certattn::attend_group): queries [group][head_dim] (unscaled), out [group][value_dim] (head_dim but for a latent cache),
  * certs [group]. index must hold exactly the cache's tokens. history: this (layer, KV
  * head)'s history, kept from step to step, or NULL for none. Allocates nothing. */
 CERTATTN_C_EXPORT int certattn_attend_group(const float* queries, size_t group,
@@ -302,7 +310,7 @@ CERTATTN_C_EXPORT int certattn_attend_group(const float* queries, size_t group,
                                             certattn_history* history);
 
 /* Exact attention (the dense kernel, float accumulation) of `group` queries
- * [group][head_dim] over every token of the cache; out [group][head_dim]. softmax_scale 0
+ * [group][head_dim] over every token of the cache; out [group][value_dim]. softmax_scale 0
  * means 1/sqrt(head_dim). Uses the workspace's dense scratch; allocates nothing. */
 CERTATTN_C_EXPORT int certattn_dense_attend(const float* queries, size_t group,
                                             const certattn_cache* cache, float softmax_scale,
@@ -317,7 +325,7 @@ CERTATTN_C_EXPORT int certattn_dense_attend_variant(const float* queries, size_t
                                                     certattn_workspace* workspace);
 
 /* Exact attention of one query [head_dim] in double precision (certattn::exact_attention,
- * the reference of every check): out [head_dim]; result may be NULL. Allocates. */
+ * the reference of every check): out [value_dim]; result may be NULL. Allocates. */
 CERTATTN_C_EXPORT int certattn_exact_attention(const float* query, const certattn_cache* cache,
                                                double softmax_scale, double* out,
                                                certattn_exact_result* result);

@@ -217,7 +217,7 @@ CERTATTN_TARGET_AVX2 inline void value_block(const dense_chunk_args& a, std::siz
   for (std::size_t t = 0; t < a.n; ++t) {
     if (first)
       if (const void* r = dense_ahead_row(a.value_rows, a.rows_ahead, t + a.prefetch_distance))
-        dense_prefetch_row(r, a.head_dim * sizeof(T));
+        dense_prefetch_row(r, a.value_dim * sizeof(T));
     const T* v = static_cast<const T*>(a.value_rows[t]) + col0;
     __m256 wv[GB];
 #pragma GCC unroll 4
@@ -263,8 +263,8 @@ CERTATTN_TARGET_AVX2 inline void value_block_n(const dense_chunk_args& a, std::s
 template <class T, int GB>
 CERTATTN_TARGET_AVX2 inline void value_pass(const dense_chunk_args& a, std::size_t g0) {
   constexpr std::size_t nb_max = GB == 1 ? 8 : GB == 2 ? 4 : GB == 3 ? 3 : 2;
-  const std::size_t blocks = (a.head_dim + 7) / 8;
-  const std::size_t rem = a.head_dim % 8;
+  const std::size_t blocks = (a.value_dim + 7) / 8;
+  const std::size_t rem = a.value_dim % 8;
   const std::size_t groups = (blocks + nb_max - 1) / nb_max;
   std::size_t b0 = 0;
   for (std::size_t i = 0; i < groups; ++i) {

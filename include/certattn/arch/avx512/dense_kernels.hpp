@@ -258,7 +258,7 @@ CERTATTN_TARGET_AVX512 inline void value_block(const dense_chunk_args& a, std::s
   for (std::size_t t = 0; t < a.n; ++t) {
     if (first)
       if (const void* r = dense_ahead_row(a.value_rows, a.rows_ahead, t + a.prefetch_distance))
-        dense_prefetch_row(r, a.head_dim * sizeof(T));
+        dense_prefetch_row(r, a.value_dim * sizeof(T));
     const T* v = static_cast<const T*>(a.value_rows[t]) + col0;
     __m512 wv[GB];
 #pragma GCC unroll 4
@@ -306,10 +306,10 @@ constexpr std::size_t value_groups(std::size_t head_dim) {
 template <class T, int GB>
 CERTATTN_TARGET_AVX512 inline void value_pass(const dense_chunk_args& a, std::size_t g0) {
   constexpr std::size_t nb_max = GB <= 2 ? 8 : 4;
-  const std::size_t blocks = (a.head_dim + 15) / 16;
-  const std::size_t rem = a.head_dim % 16;
+  const std::size_t blocks = (a.value_dim + 15) / 16;
+  const std::size_t rem = a.value_dim % 16;
   const __mmask16 tail = rem == 0 ? __mmask16(0xFFFF) : __mmask16((1u << rem) - 1u);
-  const std::size_t groups = value_groups<GB>(a.head_dim);
+  const std::size_t groups = value_groups<GB>(a.value_dim);
   std::size_t b0 = 0;
   for (std::size_t i = 0; i < groups; ++i) {
     const std::size_t nb = blocks / groups + (i < blocks % groups ? 1 : 0);

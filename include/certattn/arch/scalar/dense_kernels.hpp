@@ -33,6 +33,7 @@ struct dense_chunk_args {
   std::size_t q_stride = 0;        // dense_round16(head_dim)
   std::size_t group = 0;
   std::size_t head_dim = 0;
+  std::size_t value_dim = 0;       // channels of a value row (<= head_dim; MLA's are fewer)
   // Row pointers of the chunk's tokens, followed by those of the tokens the next calls will
   // read (for prefetching): [rows_ahead] entries, rows_ahead >= dense_round16(n) for keys
   // (a short last chunk repeats its last row).
@@ -178,21 +179,22 @@ inline void dense_chunk(const dense_chunk_args& a) {
     a.max_scores[g] = m_new;
     a.alpha[g] = alpha;
   }
+  const std::size_t dv = a.value_dim, vs = dense_round16(dv);
   std::fill(chunk, chunk + G * a.q_stride, 0.0f);
   for (std::size_t t = 0; t < a.n; ++t) {
     const T* v = static_cast<const T*>(a.value_rows[t]);
-    dense_row_to_float(v, d, a.q_stride, row);
+    dense_row_to_float(v, dv, vs, row);
     for (std::size_t g = 0; g < G; ++g) {
       const float w = a.scores[g * C + t];
       float* c = chunk + g * a.q_stride;
-      for (std::size_t i = 0; i < a.q_stride; i += 16)
+      for (std::size_t i = 0; i < vs; i += 16)
         for (std::size_t j = 0; j < 16; ++j) c[i + j] += w * row[i + j];
     }
   }
   for (std::size_t g = 0; g < G; ++g) {
     float* o = a.acc + g * a.acc_stride;
     const float* c = chunk + g * a.q_stride;
-    for (std::size_t i = 0; i < d; ++i) o[i] = o[i] * a.alpha[g] + c[i];
+    for (std::size_t i = 0; i < dv; ++i) o[i] = o[i] * a.alpha[g] + c[i];
   }
 }
 
