@@ -151,11 +151,12 @@ variant_spec parse_variant(const std::string& text) {
     };
     if (name == "softcap") v.softcap = number("a cap");
     else if (name == "window") v.window = std::size_t(number("a window in tokens"));
+    else if (name == "latent") v.latent = std::size_t(number("a value width"));
     else if (name == "alibi" && arg.empty()) v.alibi = true;
     else if (name == "sinks" && arg.empty()) v.sinks = true;
     else
       throw error("--variant: unknown part '" + part +
-                  "' (expected plain, or softcap:CAP, alibi, sinks, window:W joined by '+')");
+                  "' (expected plain, or softcap:CAP, alibi, sinks, window:W, latent:DV joined by '+')");
     pos = end + 1;
   }
   return v;
@@ -185,7 +186,11 @@ attention_variant layer_variant::head(std::size_t h) const {
 void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help) {
   cmd.add_option("--variant", f.variant,
                  "attention variant of every call: plain, or parts joined by '+': softcap:CAP, alibi (BLOOM's "
-                 "slopes), sinks (one learned logit per head), window:W (sliding window of W tokens)")
+                 "slopes), sinks (one learned logit per head), window:W (sliding window of W tokens), latent:DV "
+                 "(multi-head latent attention: the values are the first DV channels of the key rows; speed only)")
+      ->capture_default_str();
+  cmd.add_option("--softmax-scale", f.softmax_scale,
+                 "softmax scale of every call (0: 1/sqrt(head_dim); DeepSeek-V3's MLA: 0.0722 = 1/sqrt(192))")
       ->capture_default_str();
   cmd.add_option("--context", f.contexts,
                  "context lengths in tokens, comma-separated; K = 1024, M = 1024K")

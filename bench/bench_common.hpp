@@ -100,6 +100,7 @@ class layer_cache {
 /// Flags as typed on the command line (strings keep the 16K suffixes).
 struct grid_flags {
   std::string variant = "plain";
+  double softmax_scale = 0.0;
   std::vector<std::string> contexts{"16K", "32K", "64K", "128K"};
   std::size_t kv_heads = 8;
   std::size_t group = 4;
@@ -124,7 +125,8 @@ struct variant_spec {
   double softcap = 0.0;
   bool alibi = false, sinks = false;
   std::size_t window = 0;
-  bool plain() const noexcept { return softcap == 0.0 && !alibi && !sinks && window == 0; }
+  std::size_t latent = 0;  // latent:DV: values are the first DV channels of the key rows (MLA)
+  bool plain() const noexcept { return softcap == 0.0 && !alibi && !sinks && window == 0 && latent == 0; }
 };
 variant_spec parse_variant(const std::string& text);
 

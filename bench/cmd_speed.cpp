@@ -155,18 +155,18 @@ class nhd_dense_split {
   }
   std::size_t parts() const noexcept { return bounds_.size() - 1; }
 
-  void run(const layer_cache& lc, std::span<const float> q, std::size_t group, thread_pool& pool,
+  void run(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale, thread_pool& pool,
            std::vector<dense_workspace>& ws, std::span<float> out) {
     const std::size_t H = lc.heads(), d = d_, row = H * d;
     if (parts() == 1) {
-      dense_attend_nhd_layer<half>(q, H, group, lc.keys(), lc.values(), lc.tokens(), d, 0.0f, out, ws[0]);
+      dense_attend_nhd_layer<half>(q, H, group, lc.keys(), lc.values(), lc.tokens(), d, scale, out, ws[0]);
       return;
     }
     using A = detail::dense_workspace_access;
     pool.parallel_for(parts(), [&](std::size_t p, std::size_t w) {
       const std::size_t t0 = bounds_[p], t1 = bounds_[p + 1];
       dense_attend_nhd_layer<half>(q, H, group, lc.keys() + t0 * row, lc.values() + t0 * row, t1 - t0, d,
-                                   0.0f, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
+                                   scale, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
       // The layer call leaves each row's running max and sum in the workspace.
       std::copy_n(A::max_scores(ws[w]), rows_, max_.data() + p * rows_);
       std::copy_n(A::sums(ws[w]), rows_, sum_.data() + p * rows_);
@@ -203,8 +203,10 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
                                    const cache_flusher& flush, progress& prog, double units_per_step,
                                    bool block_occupancy) {
   const std::size_t H = lc.heads(), d = lc.head_dim(), n = lc.tokens(), G = group;
+  const std::size_t dv = value_dim_of(view_of(0));  // fewer than d for a latent cache
   const std::size_t per_step = H * G * d;
-  std::vector<float> out_dense(per_step), out_cert(per_step);
+  std::vector<float> out_dense(H * G * dv), out_cert(H * G * dv);
+  const float scale = float(opt.softmax_scale);
   std::vector<certificate> certs(H * G);
   std::vector<group_history> history(H, group_history(G)), history_before;
   std::vector<group_stats> stats(H);
@@ -218,11 +220,11 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     flush();
     auto t0 = bench_clock::now();
     if (lc.kind() == layout_kind::kNhd) {
-      nhd.run(lc, q, G, pool, ws.dense, out_dense);
+      nhd.run(lc, q, G, scale, pool, ws.dense, out_dense);
     } else {
       pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
-        dense_attend(q.subspan(h * G * d, G * d), G, view_of(h), 0.0f,
-                     std::span<float>(out_dense.data() + h * G * d, G * d), ws.dense[w], 0, SIZE_MAX,
+        dense_attend(q.subspan(h * G * d, G * d), G, view_of(h), scale,
+                     std::span<float>(out_dense.data() + h * G * dv, G * dv), ws.dense[w], 0, SIZE_MAX,
                      variant.head(h));
       });
     }
@@ -236,7 +238,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
       head_opt.variant = variant.head(h);
       attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
                    noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, head_opt,
-                   std::span<float>(out_cert.data() + h * G * d, G * d),
+                   std::span<float>(out_cert.data() + h * G * dv, G * dv),
                    std::span<certificate>(certs.data() + h * G, G), ws.attend[w], history[h]);
       stats[h] = ws.attend[w].last_stats();
     });
@@ -250,7 +252,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
         head_opt.variant = variant.head(h);
         attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
                      noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, head_opt,
-                     std::span<float>(out_cert.data() + h * G * d, G * d),
+                     std::span<float>(out_cert.data() + h * G * dv, G * dv),
                      std::span<certificate>(again), aw, before);
         add_block_occupancy(aw, again, opt, r);
       }
@@ -511,6 +513,13 @@ void run_speed(const speed_flags& f) {
                 ": the nhd layout's dense baseline (dense_attend_nhd_layer) computes plain attention only; use "
                 "--layout hnd or paged");
   const layer_variant variant(g.variant, f.kv_heads, f.group, f.seed);
+  if (g.variant.latent > 0) {
+    if (g.variant.latent > f.head_dim)
+      throw error("--variant latent:" + std::to_string(g.variant.latent) + ": the value width exceeds --head-dim " +
+                  std::to_string(f.head_dim));
+    for (layout_kind l : g.layouts)
+      if (l != layout_kind::kHnd) throw error("--variant latent:DV runs on the hnd layout only");
+  }
   const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
   std::vector<routing> routings;
   for (const std::string& r : f.routings) {
@@ -569,8 +578,13 @@ void run_speed(const speed_flags& f) {
       const syn::kv_cache cache = syn::make_cache(cfg);
       prog.set_stage(ctx + ": key indexes");
       std::vector<key_index> idx(H, key_index(d));
+      const std::size_t dv = g.variant.latent;
       P.largest().parallel_for(H, [&](std::size_t h, std::size_t) {
-        idx[h].build(hnd_view(cache.keys.data(), cache.values.data(), n, n, H, d, h));
+        const strided_kv<half> kv = hnd_view(cache.keys.data(), cache.values.data(), n, n, H, d, h);
+        if (dv > 0)  // the key rows as latent rows: values their first dv channels
+          idx[h].build(latent_kv<half>(kv.key(0), n, d, dv, kv.key_stride()));
+        else
+          idx[h].build(kv);
       });
       const std::vector<float> queries = make_step_queries(cache, G, steps);
       worker_scratch scratch(P.largest().size(), G, d, H, n, f.profile_stages);
@@ -591,11 +605,22 @@ void run_speed(const speed_flags& f) {
                   opt.seed = f.seed;
                   opt.certificate = cert;
                   opt.route = route;
-                  const std::vector<step_result> res = lc.visit([&](auto view_of) {
-                    return run_steps(lc, view_of, idx, queries, G, opt, variant, steps, P.get(t), scratch, flush, prog,
-                                     2.0 * double(n * H), f.block_occupancy);
-                  });
-                  speed_row row = summarise(res, f.warmup, n, H, G, lc.kv_bytes(n), bandwidth.at(t));
+                  opt.softmax_scale = f.softmax_scale;
+                  const std::vector<step_result> res =
+                      dv > 0 ? run_steps(lc,
+                                         [&](std::size_t h) {
+                                           const strided_kv<half> kv = lc.strided(h);
+                                           return latent_kv<half>(kv.key(0), n, d, dv, kv.key_stride());
+                                         },
+                                         idx, queries, G, opt, variant, steps, P.get(t), scratch, flush, prog,
+                                         2.0 * double(n * H), f.block_occupancy)
+                             : lc.visit([&](auto view_of) {
+                                 return run_steps(lc, view_of, idx, queries, G, opt, variant, steps, P.get(t),
+                                                  scratch, flush, prog, 2.0 * double(n * H), f.block_occupancy);
+                               });
+                  // A latent layer's dense pass reads each row once (the values are inside the keys).
+                  const std::size_t kv_bytes = dv > 0 ? lc.kv_bytes(n) / 2 : lc.kv_bytes(n);
+                  speed_row row = summarise(res, f.warmup, n, H, G, kv_bytes, bandwidth.at(t));
                   static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
                   row.certificate = cert;
                   row.route = route;

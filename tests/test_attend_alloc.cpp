@@ -138,6 +138,28 @@ TEST(AttendAllocation, VariantCallsDoNotAllocate) {
   g_counting = false;
   EXPECT_EQ(certs[0].path, answer_path::kRouted);
   EXPECT_EQ(g_allocations.load(), 0);
+
+  // A latent cache (values a prefix of the key rows) through the same workspace, and a
+  // short sliding window read whole by the dense kernel.
+  const latent_kv<half> latent(cache.key_row(0, 0), n, d, 48, d);
+  key_index lidx(d);
+  lidx.build(latent);
+  std::vector<float> lout(G * 48);
+  options short_window;
+  short_window.variant.sliding_window = 300;
+  attend_group(std::span<const float>(queries[0]), G, latent, lidx, {0, 0, 0}, options{}, std::span<float>(lout),
+               std::span<certificate>(certs), ws);  // warm-up
+  g_allocations = 0;
+  g_counting = true;
+  for (std::uint64_t s = 1; s < 4; ++s) {
+    attend_group(std::span<const float>(queries[s]), G, latent, lidx, {s, 0, 0}, options{}, std::span<float>(lout),
+                 std::span<certificate>(certs), ws);
+    attend_group(std::span<const float>(queries[s]), G, kv, idx, {s, 1, 0}, short_window, std::span<float>(out),
+                 std::span<certificate>(certs), ws);
+  }
+  g_counting = false;
+  EXPECT_EQ(certs[0].path, answer_path::kNoPool);
+  EXPECT_EQ(g_allocations.load(), 0);
 }
 
 // An engine reserves its index for the longest sequence: build, appends (one at a time or

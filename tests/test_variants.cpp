@@ -49,9 +49,9 @@ struct model_row {
 std::vector<model_row> model_rows() {
   using R = synthetic::regime;
   return {
-      {"llama3_8b", 128, 4, 8192, R::kMixed, 0, 0, false, 0},
+      {"llama3_8b", 128, 4, 6000, R::kMixed, 0, 0, false, 0},
       {"qwen25_7b", 128, 7, 6000, R::kPeaked, 0, 0, false, 0},
-      {"qwen3_moe", 128, 16, 4096, R::kClustered, 0, 0, false, 0},
+      {"qwen3_moe", 128, 16, 3000, R::kClustered, 0, 0, false, 0},
       {"mistral_7b_sliding", 128, 4, 9000, R::kRecency, 0, 0, false, 4096},
       {"gemma2_9b_global", 256, 2, 6000, R::kMixed, 50, 0, false, 0},
       {"gemma2_9b_local", 256, 2, 7000, R::kClustered, 50, 0, false, 4096},
@@ -70,8 +70,8 @@ std::vector<model_row> model_rows() {
       {"alibi_rising", 64, 2, 4096, R::kMixed, 0, -1.0 / 128, false, 0},
       // Multi-head latent attention, absorbed (DeepSeek-V3, Kimi K2): one 576-channel latent
       // row per token, its first 512 channels the value, softmax scale 1/sqrt(192).
-      {"deepseek_v3_mla_g16", 576, 16, 2000, R::kMixed, 0, 0, false, 0, 512, 0.07216878364870323},
-      {"kimi_k2_mla_g64", 576, 64, 1000, R::kPeaked, 0, 0, false, 0, 512, 0.07216878364870323},
+      {"deepseek_v3_mla_g16", 576, 16, 1500, R::kMixed, 0, 0, false, 0, 512, 0.07216878364870323},
+      {"kimi_k2_mla_g64", 576, 64, 700, R::kPeaked, 0, 0, false, 0, 512, 0.07216878364870323},
   };
 }
 
@@ -160,7 +160,8 @@ void check_model_row(const model_row& row, const synthetic::kv_cache& src, const
     const bool with_history = cf.route == routing::kAuto;
     group_history history(G);
     std::vector<int> hints;
-    for (std::uint64_t step : {7u, 8u, 9u}) {
+    // Two steps: the second is hinted with the first's levels (or routed by its history).
+    for (std::uint64_t step : {7u, 8u}) {
       const noise_key nk{step, 3, 0};
       const std::vector<float> q = synthetic::make_queries(src, 0, G, step);
       const group_history before = history;
@@ -172,9 +173,10 @@ void check_model_row(const model_row& row, const synthetic::kv_cache& src, const
           attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(o),
                        std::span<certificate>(c), ws, hints);
       };
-      // Every instruction set below the best gives the same bits on the sampled heads.
+      // Every instruction set below the best gives the same bits on the sampled heads (on
+      // the first step of each configuration).
       for (isa arch : {isa::kScalar, isa::kAvx2}) {
-        if (int(arch) > int(detected_isa())) continue;
+        if (int(arch) > int(detected_isa()) || step != 7u) continue;
         group_history h = before;
         set_isa_cap(arch);
         call(out_isa, certs_isa, h);
@@ -209,7 +211,12 @@ void check_model_row(const model_row& row, const synthetic::kv_cache& src, const
         ASSERT_EQ(f.level, r.cert.level);
         ASSERT_EQ(f.heavy, r.cert.heavy);
         ASSERT_EQ(f.sampled, r.cert.sampled);
-        if (f.path != answer_path::kRouted) ASSERT_EQ(f.max_score, r.cert.max_score);
+        // The dense kernel's answers (routed, or a short window read whole) carry its float
+        // maximum; the others the same bits.
+        if (f.path == answer_path::kRouted || opt.short_sliding_window(n))
+          ASSERT_NEAR(f.max_score, r.cert.max_score, 1e-5 * std::max(1.0, std::fabs(r.cert.max_score)));
+        else
+          ASSERT_EQ(f.max_score, r.cert.max_score);
         if (!f.exact) {
           ++sampled_heads;
           EXPECT_NEAR(f.beta, r.cert.beta, 1e-9 * std::max(1.0, r.cert.beta));

@@ -224,11 +224,17 @@ struct attend_stages {
     const bool timed = history && user_opt.route == routing::kAuto && user_opt.cost.measured;
     const double t_start = timed ? stage_clock::now() : 0.0;
     if (cx.pool_end > cx.first && history && history->routes_dense(user_opt)) {
-      route_dense(kv, idx, queries, cx, out, certs, ws);
+      route_dense(kv, idx, queries, cx, out, certs, ws, answer_path::kRouted);
       if (timed)
         history->record_dense(stage_clock::now() - t_start, cx.attended());
       else
         history->record_dense();
+      return;
+    }
+    // A short sliding window is read whole, by the dense kernel (options::kMinSlidingPool).
+    if (user_opt.short_sliding_window(cx.n)) {
+      route_dense(kv, idx, queries, cx, out, certs, ws, answer_path::kNoPool);
+      for (std::size_t g = 0; g < group; ++g) ws.head_levels_[g] = -1;
       return;
     }
     stage_clock clock{ws.time_stages_};
@@ -1119,9 +1125,10 @@ struct attend_stages {
   /// the certificate its rounding allows (rounding.hpp): the float kernel's bound where it
   /// meets epsilon, else the head again on the double path, else not certified.
   template <kv_view KV>
+  /// `path`: kRouted, or kNoPool for a short sliding window read whole.
   static void route_dense(const KV& kv, const key_index& idx, std::span<const float> queries,
                           const call_context& cx, std::span<float> out,
-                          std::span<certificate> certs, attend_workspace& ws) {
+                          std::span<certificate> certs, attend_workspace& ws, answer_path path) {
     const std::size_t n = cx.attended(), d = cx.dv, group = cx.group;
     for (std::size_t g = 0; g < group; ++g) {
       ws.exact_heads_[g] = std::uint32_t(g);
@@ -1132,14 +1139,14 @@ struct attend_stages {
     exact_heads(kv, idx, queries.data(), cx, group, out.data(), ws, false, vmax);
     group_stats& stats = ws.stats_;
     stats.keys_read = stats.values_read = n;
-    stats.routed = group;
+    stats.routed = path == answer_path::kRouted ? group : 0;
     stats.dense_bytes = stats.bytes_read = n * (cx.key_bytes + cx.value_bytes);
     std::size_t redo = 0;  // heads whose float bound missed epsilon, for the double path
     for (std::size_t g = 0; g < group; ++g) {
       certificate& cert = certs[g];
       cert = {};
       cert.exact = true;
-      cert.path = answer_path::kRouted;
+      cert.path = path;
       cert.max_score = ws.head_max_[g];
       cert.denominator = ws.window_weight_[g];
       cert.keys_read = cert.values_read = n;

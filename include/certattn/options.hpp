@@ -108,6 +108,12 @@ struct options {
   /// certificate could be met by an honest bound on any path (docs/certificate.md,
   /// "Rounding").
   static constexpr double kMinEpsilon = 0x1p-20;
+  /// A sliding window whose pool would hold fewer tokens than this is read whole (no
+  /// pool: exact attention, certified by its rounding bound). The sparse path's cost per
+  /// head barely shrinks with the pool (the scan of the window's blocks, the level loop),
+  /// and gpt-oss's 128-token windows ran 17 times slower sampled than dense
+  /// (docs/bench.md, "Variants").
+  static constexpr std::size_t kMinSlidingPool = 1024;
 
   double epsilon = 0.1;                         // target error, relative to `scale`
   double delta = 0.05;                          // failure probability per call and head
@@ -147,13 +153,21 @@ struct options {
   /// tau = 2^(-(j - coarse_levels()) / r) relative to the largest weight.
   int total_levels() const noexcept { return max_levels + coarse_levels(); }
 
-  /// The rows read exactly at every call: the newest min(window, attended tokens). A
+  /// The rows read exactly at every call: the newest min(window, attended tokens), or
+  /// every attended token of a sliding window shorter than window + kMinSlidingPool. A
   /// cache whose attended tokens (all n_tokens, or the sliding window's) are no more than
-  /// the window has no pool: the call is exact attention, certified by its rounding bound
+  /// that has no pool: the call is exact attention, certified by its rounding bound
   /// (rounding.hpp).
   std::size_t effective_window(std::size_t n_tokens) const noexcept {
     const std::size_t attended = n_tokens - variant.first_token(n_tokens);
+    if (short_sliding_window(n_tokens)) return attended;
     return window < attended ? window : attended;
+  }
+  /// True when a sliding window is read whole (shorter than window + kMinSlidingPool): the
+  /// call answers it with the dense kernel (answer_path::kNoPool), certified by the
+  /// kernel's rounding bound, as a routed group is.
+  bool short_sliding_window(std::size_t n_tokens) const noexcept {
+    return variant.sliding_window > 0 && n_tokens - variant.first_token(n_tokens) < window + kMinSlidingPool;
   }
 
   double effective_softmax_scale(std::size_t head_dim) const noexcept {

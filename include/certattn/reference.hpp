@@ -267,7 +267,9 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   // g without a pool, uncentred when routed. (attend_group() answers a routed head with the
   // float kernel first, whose bound is looser; where that one meets epsilon, so does this.)
   if (res.cert.path == answer_path::kNoPool || res.cert.path == answer_path::kRouted) {
-    const bool centred = res.cert.path == answer_path::kNoPool;
+    // A short sliding window is answered like a routed group (the dense kernel, then the
+    // double path where its bound misses epsilon): uncentred.
+    const bool centred = res.cert.path == answer_path::kNoPool && !opt.short_sliding_window(n);
     double l1 = 0.0, kmax = 0.0, g2 = 0.0, o2 = 0.0;
     for (const Q& x : q) l1 += std::fabs(double(float(x)));
     for (std::size_t t = 0; t < n; ++t)
