@@ -17,9 +17,10 @@
 namespace certattn {
 
 /// The cache of one KV head, as the certified call and the key index read it: `size()`
-/// tokens, oldest first, each with a key row and a value row of `head_dim()` contiguous
-/// elements. Rows may live anywhere (strided, paged); only the channels of one row must
-/// be contiguous.
+/// tokens, oldest first, each with a key row of `head_dim()` contiguous elements and a
+/// value row of `head_dim()` of them, or of `value_dim()` when the view declares one (no
+/// more than head_dim; value_dim_of()). Rows may live anywhere (strided, paged); only the
+/// channels of one row must be contiguous.
 template <class V>
 concept kv_view = requires(const V& v, std::size_t t) {
   typename V::element_type;
