@@ -88,6 +88,13 @@ CERTATTN_NO_FP_CONTRACT inline float bias_upper_scalar(float u, std::size_t t, c
   return add_round_up(u, bias);
 }
 
+/// Token t's bound through the variant: soft-cap, then bias (the AVX-512 kernel's order).
+CERTATTN_NO_FP_CONTRACT inline float bound_upper_scalar(float x, std::size_t t, const bound_variant& b) noexcept {
+  if (b.cap > 0.0f) x = softcap_upper_scalar(x, b);
+  if (b.slope != 0.0f) x = bias_upper_scalar(x, t, b);
+  return x;
+}
+
 /// Tokens [t0, t1) of one head's u (indexed by token) transformed in place; the maxima of
 /// blocks [t0 / 128, ...) over their tokens below t1 into block_max (indexed by block).
 CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_scalar(float* u, std::size_t t0, std::size_t t1,
@@ -95,13 +102,8 @@ CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_scalar(float* u, std::si
   constexpr std::size_t B = 128;
   for (std::size_t blk = t0 / B; blk * B < t1; ++blk) {
     float m = -std::numeric_limits<float>::infinity();
-    for (std::size_t t = std::max(t0, blk * B); t < std::min(t1, (blk + 1) * B); ++t) {
-      float x = u[t];
-      if (b.cap > 0.0f) x = softcap_upper_scalar(x, b);
-      if (b.slope != 0.0f) x = bias_upper_scalar(x, t, b);
-      u[t] = x;
-      m = std::max(m, x);
-    }
+    for (std::size_t t = std::max(t0, blk * B); t < std::min(t1, (blk + 1) * B); ++t)
+      m = std::max(m, u[t] = bound_upper_scalar(u[t], t, b));
     block_max[blk] = m;
   }
 }
@@ -163,13 +165,7 @@ CERTATTN_TARGET_AVX512 CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_a
       m = _mm512_max_ps(m, x);
     }
     float mx = _mm512_reduce_max_ps(m);
-    for (; t < e; ++t) {
-      float x = u[t];
-      if (b.cap > 0.0f) x = softcap_upper_scalar(x, b);
-      if (b.slope != 0.0f) x = bias_upper_scalar(x, t, b);
-      u[t] = x;
-      mx = std::max(mx, x);
-    }
+    for (; t < e; ++t) mx = std::max(mx, u[t] = bound_upper_scalar(u[t], t, b));
     block_max[blk] = mx;
   }
 }
