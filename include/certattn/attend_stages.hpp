@@ -908,7 +908,8 @@ struct attend_stages {
         const std::uint32_t t = ws.to_score_[i + j];
         ++st.keys_read;
         const std::size_t before = n_include;
-        admit(t, st.hv.score(cx.scale * dots[j], t), c, level, cx, ws, st, n_include);
+        const double s = cx.scale * dots[j];
+        admit(t, cx.modified() ? st.hv.score(s, t) : s, c, level, cx, ws, st, n_include);
         if (n_include != before) prefetch_rows_l2(kv.value(t), cx.dv * sizeof(T));
       }
     }
