@@ -197,6 +197,64 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   EXPECT_TRUE(std::isnan(l.dense_seconds_per_token()));
 }
 
+// The sample budget follows the measured costs: a history whose sparse calls measured
+// below the model's predictions scales the model's costs down (a larger budget), one
+// whose calls measured above them scales them up; the reference, given the history,
+// spends the same budget.
+TEST(Routing, MeasuredCostsScaleTheSampleBudget) {
+  const std::vector<int> levels{3, 4};
+  options o;
+  group_history h(2);
+  EXPECT_TRUE(std::isnan(h.cost_scale()));
+  EXPECT_EQ(h.sample_budget(o, 32768), sample_budget(o, 32768)) << "nothing measured yet";
+  h.record_sparse(0.9, levels, noise_key{0, 0, 0});  // a prediction: no ratio
+  EXPECT_TRUE(std::isnan(h.cost_scale()));
+  h.record_sparse(0.5, levels, noise_key{1, 0, 0}, 1.0);  // measured at half the prediction
+  EXPECT_DOUBLE_EQ(h.cost_scale(), 0.5);
+  EXPECT_EQ(h.sample_budget(o, 32768), std::size_t((2.0 - 0.3) * 32768 / 3.2));
+  EXPECT_EQ(sample_budget(o, 32768, 0.5), h.sample_budget(o, 32768));
+  h.record_sparse(2.0, levels, noise_key{2, 0, 0}, 1.0);  // each new ratio weighs 1/4
+  EXPECT_DOUBLE_EQ(h.cost_scale(), 0.875);
+  h.record_sparse(500.0, levels, noise_key{3, 0, 0}, 1.0);  // clamped to 8
+  EXPECT_DOUBLE_EQ(h.cost_scale(), 0.75 * 0.875 + 0.25 * group_history::kMaxCostScale);
+  EXPECT_LT(h.sample_budget(o, 32768), sample_budget(o, 32768)) << "slower than the model";
+  options model_only = o;
+  model_only.cost.measured = false;
+  EXPECT_EQ(h.sample_budget(model_only, 32768), sample_budget(o, 32768));
+  options off = o;
+  off.route = routing::kOff;
+  EXPECT_EQ(h.sample_budget(off, 32768), std::size_t(-1));
+  h.reset();
+  EXPECT_TRUE(std::isnan(h.cost_scale()));
+
+  // A flat group outgrows the model's budget; with the budget of a machine measured 8
+  // times faster than the model its heads are sampled, and the reference agrees.
+  const std::size_t n = 16384, d = 128, G = 4;
+  flat_case c = make_case(synthetic::regime::kUniform, n, d);
+  options opt;
+  opt.seed = 3;
+  const std::vector<float> q = synthetic::make_queries(c.cache, 0, G, 5);
+  const noise_key nk{5, 1, 0};
+  group_history model(G), fast(G);
+  model.record_sparse(0.9, std::vector<int>(G, -1), noise_key{4, 1, 0});
+  fast.record_sparse(0.1, std::vector<int>(G, -1), noise_key{4, 1, 0}, 1.0);
+  ASSERT_DOUBLE_EQ(fast.cost_scale(), group_history::kMinCostScale);
+  for (group_history* hist : {&model, &fast}) {
+    const group_history before = *hist;
+    const test::group_run run = test::run_group(c.kv, c.idx, q, G, opt, nk, hist);
+    const std::string diff = test::compare_with_reference(
+        make_matrix_view(c.kmat.data(), n, d), make_matrix_view(c.vmat.data(), n, d), c.idx, q,
+        G, opt, nk, run, &before);
+    ASSERT_TRUE(diff.empty()) << diff;
+    if (hist == &model) {
+      EXPECT_GT(run.stats.over_budget, 0u) << "the model's budget: some heads exact";
+    } else {
+      EXPECT_EQ(run.stats.over_budget, 0u) << "the measured budget: every head sampled";
+      EXPECT_GT(run.stats.sampled, sample_budget(opt, n)) << "beyond the model's budget";
+    }
+  }
+}
+
 // A focused group stays on the sparse path: no head reaches its budget, the history's
 // cost stays below 1 and never routes.
 TEST(Routing, FocusedGroupStaysSparse) {

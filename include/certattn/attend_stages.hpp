@@ -218,7 +218,7 @@ struct attend_stages {
                   std::span<const int> level_hints, group_history* history) {
     // The history's hints only where they are independent of this call's perturbations.
     if (history) level_hints = history->hints_for(nk);
-    const call_context cx = make_context(group, kv, idx, nk, user_opt, level_hints);
+    const call_context cx = make_context(group, kv, idx, nk, user_opt, level_hints, history);
     begin_stats(cx, ws);
     // Routing times what it compares (history.hpp, cost_model::measured): two clock reads.
     const bool timed = history && user_opt.route == routing::kAuto && user_opt.cost.measured;
@@ -264,8 +264,10 @@ struct attend_stages {
       const double measured =
           timed ? history->measured_cost(stage_clock::now() - t_start, cx.attended())
                 : std::numeric_limits<double>::quiet_NaN();
-      history->record_sparse(std::isnan(measured) ? predicted : measured,
-                             std::span<const int>(ws.head_levels_.data(), group), nk);
+      const bool was_measured = !std::isnan(measured);
+      history->record_sparse(was_measured ? measured : predicted,
+                             std::span<const int>(ws.head_levels_.data(), group), nk,
+                             was_measured ? predicted : std::numeric_limits<double>::quiet_NaN());
     }
   }
 
@@ -273,7 +275,8 @@ struct attend_stages {
   template <kv_view KV>
   static call_context make_context(std::size_t group, const KV& kv, const key_index& idx,
                                    const noise_key& nk, const options& user_opt,
-                                   std::span<const int> hints) noexcept {
+                                   std::span<const int> hints,
+                                   const group_history* history) noexcept {
     const options opt = shifted_grid(user_opt);
     const std::size_t n = kv.size(), d = kv.head_dim(), pool_end = n - opt.effective_window(n);
     const std::size_t first = user_opt.variant.first_token(n);
@@ -314,7 +317,8 @@ struct attend_stages {
                                        idx.value_center()),
         .dist = idx.value_distances(),
         .kernels = select_attend_kernels(active_isa()),
-        .budget = sample_budget(user_opt, n - first),
+        .budget = history ? history->sample_budget(user_opt, n - first)
+                          : sample_budget(user_opt, n - first),
         .hints = hints,
     };
   }

@@ -85,6 +85,23 @@ class group_history {
                                           : std::numeric_limits<double>::quiet_NaN();
   }
 
+  /// How much the sparse calls' measured costs exceed the cost model's predictions of
+  /// them on this group (below 1: this machine is faster than the model says): a running
+  /// mean of measured / predicted over the timed sparse calls (each new ratio weighs 1/4),
+  /// each ratio clamped to [kMinCostScale, kMaxCostScale]; NaN before the first.
+  double cost_scale() const noexcept { return cost_scale_; }
+  static constexpr double kMinCostScale = 0.125, kMaxCostScale = 8.0;
+  /// The sample budget of this group's next call: sample_budget() with the model's costs
+  /// scaled by cost_scale() once it is known and options.cost.measured is on, so that the
+  /// call stops where its measured cost, not the model's guess, reaches give_up dense
+  /// kernels (the budget of a G = 8 group, whose dense kernel costs more per token than
+  /// the model's G = 4, or of a machine faster than the one the model was fitted on).
+  std::size_t sample_budget(const options& o, std::size_t tokens) const noexcept {
+    return o.cost.measured && !std::isnan(cost_scale_)
+               ? certattn::sample_budget(o, tokens, cost_scale_)
+               : certattn::sample_budget(o, tokens);
+  }
+
   /// The decision of the next call: the dense kernel for the whole group. True when the
   /// sparse path's cost estimate exceeds the dense kernel's and the next probe is not due.
   /// The first timed dense call is followed at once by a probe, so that the cost model's
@@ -104,14 +121,22 @@ class group_history {
     probe_interval_ = kFirstProbeInterval;
     dense_spt_ = std::numeric_limits<double>::quiet_NaN();
     quick_probe_due_ = false;
+    cost_scale_ = std::numeric_limits<double>::quiet_NaN();
   }
 
   /// Called by attend_group() after a sparse call with noise key `nk`: `cost` its measured
   /// or predicted cost (see last_cost()), `levels[g]` the level head g stopped at (-1 when
   /// answered exactly: its hint is kept). A call of another (layer, KV head, sequence)
   /// starts the hints afresh; one of the same keeps the largest step seen, so that no
-  /// later hint goes to a step at or before any call that produced it.
-  void record_sparse(double cost, std::span<const int> levels, const noise_key& nk) noexcept {
+  /// later hint goes to a step at or before any call that produced it. `predicted`: the
+  /// cost model's prediction of the same call when `cost` was measured (it updates
+  /// cost_scale()); NaN when `cost` is the prediction itself.
+  void record_sparse(double cost, std::span<const int> levels, const noise_key& nk,
+                     double predicted = std::numeric_limits<double>::quiet_NaN()) noexcept {
+    if (predicted > 0.0 && std::isfinite(predicted) && cost > 0.0 && std::isfinite(cost)) {
+      const double r = std::clamp(cost / predicted, kMinCostScale, kMaxCostScale);
+      cost_scale_ = std::isnan(cost_scale_) ? r : 0.75 * cost_scale_ + 0.25 * r;
+    }
     const bool probe = dense_streak_ > 0, quick = quick_probe_due_;
     quick_probe_due_ = false;
     const bool same = has_key_ && nk.layer == key_.layer && nk.kv_head == key_.kv_head &&
@@ -154,6 +179,7 @@ class group_history {
   std::uint32_t probe_interval_ = kFirstProbeInterval;
   double dense_spt_ = std::numeric_limits<double>::quiet_NaN();
   bool quick_probe_due_ = false;
+  double cost_scale_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace certattn

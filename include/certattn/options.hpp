@@ -89,8 +89,9 @@ inline routing routing_from_string(std::string_view s) {
 /// predicted cost at which a call stops sampling (sample_budget()): a call then costs at
 /// most about give_up + 1 dense kernels (the spent part, then one dense pass).
 /// `measured`: once a group_history has timed a routed call's dense pass, it routes on
-/// the sparse calls' measured time against it instead of on the prediction (the constants
-/// cannot be right on every machine; docs/integration.md, "Routing").
+/// the sparse calls' measured time against it instead of on the prediction, and scales the
+/// sample budget by their measured / predicted ratio (group_history::sample_budget(); the
+/// constants cannot be right on every machine; docs/integration.md, "Routing").
 struct cost_model {
   double fixed = 0.6;
   double per_key = 6.4;
@@ -265,9 +266,15 @@ inline std::string_view to_string(answer_path p) noexcept {
 /// crosses it, and every later head of the group, is answered by one exact pass, so that
 /// a call costs at most about give_up + 1 dense kernels (the budget spent, then the dense
 /// pass). Unlimited when options.route is kOff.
-inline std::size_t sample_budget(const options& o, std::size_t tokens) noexcept {
+/// `cost_scale` multiplies the model's fixed and per-key costs: the ratio of measured to
+/// predicted costs that a group_history tracks on this machine
+/// (group_history::sample_budget()), 1 for the model as it is.
+inline std::size_t sample_budget(const options& o, std::size_t tokens,
+                                 double cost_scale = 1.0) noexcept {
   if (o.route == routing::kOff) return std::size_t(-1);
-  const double b = std::max(0.0, o.cost.give_up - o.cost.fixed) * double(tokens) / o.cost.per_key;
+  const double s = cost_scale > 0.0 && std::isfinite(cost_scale) ? cost_scale : 1.0;
+  const double b = std::max(0.0, o.cost.give_up - s * o.cost.fixed) * double(tokens) /
+                   (s * o.cost.per_key);
   return b >= 0x1p62 ? std::size_t(-1) : std::size_t(b);
 }
 

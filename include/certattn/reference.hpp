@@ -190,7 +190,8 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   const bool routed = pool > 0 && extras.history && extras.history->routes_dense(opt);
   const bool joined = !routed && opt.route == routing::kAuto && extras.group_exact &&
                       pool > res.exact_set;
-  const std::size_t budget = sample_budget(opt, attended);
+  const std::size_t budget = extras.history ? extras.history->sample_budget(opt, attended)
+                                            : sample_budget(opt, attended);
   const std::size_t head_budget = budget - std::min(extras.group_spent, budget);
   bool over_budget = false;
   std::vector<double> exact_num(dv), light_sum(dv), o_hat(dv), c0(dv);
