@@ -11,7 +11,9 @@
 // Counters, per call: GB/s (attend_group: group_stats.bytes_read per second, i.e. codes,
 // scales, refined 8-bit rows, exact keys and values; dense_group: K and V per second),
 // dense_equiv_GB/s (K and V bytes of the group per second: the bandwidth dense attention
-// would need to be as fast), keys_read (exact key rows per call, all G heads), bytes_frac
+// would need to be as fast), keys_read (exact key rows per call, all G heads), candidates
+// and refined (keys bucketed by the 4-bit bound, and 8-bit refinements, per call, all G
+// heads), bytes_frac
 // (bytes_read / dense_bytes), certified (fraction of query heads certified).
 #include "micro_common.hpp"
 
@@ -51,7 +53,7 @@ void attend_group(benchmark::State& state) {
   certattn::attend_workspace ws(kGroup, kDim, n);
   std::vector<float> out(kGroup * kDim);
   std::vector<certattn::certificate> certs(kGroup);
-  double bytes = 0, dense_bytes = 0, keys = 0, certified = 0;
+  double bytes = 0, dense_bytes = 0, keys = 0, candidates = 0, refined = 0, certified = 0;
   std::size_t h = 0, s = 0;
   for (auto _ : state) {
     certattn::attend_group(std::span<const float>(q.data() + (s % kSteps * kHeads + h) * kGroup * kDim,
@@ -63,6 +65,8 @@ void attend_group(benchmark::State& state) {
     bytes += double(st.bytes_read);
     dense_bytes += double(st.dense_bytes);
     keys += double(st.keys_read);
+    candidates += double(st.candidates);
+    refined += double(st.refined);
     for (const auto& c : certs) certified += c.certified ? 1.0 : 0.0;
     if (++h == kHeads) {
       h = 0;
@@ -73,6 +77,8 @@ void attend_group(benchmark::State& state) {
   state.counters["GB/s"] = C(bytes, C::kIsRate);
   state.counters["dense_equiv_GB/s"] = C(dense_bytes, C::kIsRate);
   state.counters["keys_read"] = C(keys, C::kAvgIterations);
+  state.counters["candidates"] = C(candidates, C::kAvgIterations);
+  state.counters["refined"] = C(refined, C::kAvgIterations);
   state.counters["bytes_frac"] = C(dense_bytes > 0 ? bytes / dense_bytes : 0.0);
   state.counters["certified"] = C(certified / double(kGroup), C::kAvgIterations);
 }

@@ -51,13 +51,22 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   h.record_sparse(0.6, levels, noise_key{});
   EXPECT_FALSE(h.routes_dense(o));
   EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
-  // One flat call among focused ones does not route (the estimate halves its weight);
-  // a second one does.
+  // Flat calls among focused ones do not route at once (each new cost weighs 1/8); the
+  // seventh in a row does.
   h.record_sparse(1.3, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.95);
-  EXPECT_FALSE(h.routes_dense(o));
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.6 + 0.125 * (1.3 - 0.6));
+  for (int k = 2; k <= 6; ++k) {
+    h.record_sparse(1.3, levels, noise_key{});
+    EXPECT_FALSE(h.routes_dense(o)) << "flat call " << k;
+  }
   h.record_sparse(1.3, levels, noise_key{});
   EXPECT_TRUE(h.routes_dense(o));
+  // A run of focused calls with one flat outlier stays on the sparse path.
+  group_history m(4);
+  m.record_sparse(0.7, levels, noise_key{});
+  m.record_sparse(2.4, levels, noise_key{});
+  EXPECT_NEAR(m.cost_estimate(), 0.7 + 0.125 * 1.7, 1e-12);
+  EXPECT_FALSE(m.routes_dense(o));
   // Routing off: never dense.
   h.record_sparse(5.0, levels, noise_key{});
   options off;
