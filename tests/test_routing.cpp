@@ -51,22 +51,30 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   h.record_sparse(0.6, levels, noise_key{});
   EXPECT_FALSE(h.routes_dense(o));
   EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
-  // Flat calls among focused ones do not route at once (each new cost weighs 1/8); the
-  // seventh in a row does.
+  // The estimate is the plain mean of the calls since the probe: one flat call after it
+  // does not route, a second one does.
   h.record_sparse(1.3, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.6 + 0.125 * (1.3 - 0.6));
-  for (int k = 2; k <= 6; ++k) {
-    h.record_sparse(1.3, levels, noise_key{});
-    EXPECT_FALSE(h.routes_dense(o)) << "flat call " << k;
-  }
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.95);
+  EXPECT_FALSE(h.routes_dense(o));
   h.record_sparse(1.3, levels, noise_key{});
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), (0.6 + 1.3 + 1.3) / 3.0);
   EXPECT_TRUE(h.routes_dense(o));
-  // A run of focused calls with one flat outlier stays on the sparse path.
+  // After 8 calls each new cost weighs 1/8: one costly call among many cheap ones stays
+  // on the sparse path, a run of flat ones routes.
   group_history m(4);
-  m.record_sparse(0.7, levels, noise_key{});
+  for (int k = 0; k < 8; ++k) m.record_sparse(0.7, levels, noise_key{});
+  EXPECT_DOUBLE_EQ(m.cost_estimate(), 0.7);
   m.record_sparse(2.4, levels, noise_key{});
-  EXPECT_NEAR(m.cost_estimate(), 0.7 + 0.125 * 1.7, 1e-12);
+  EXPECT_DOUBLE_EQ(m.cost_estimate(), 0.7 + group_history::kNewCostWeight * 1.7);
   EXPECT_FALSE(m.routes_dense(o));
+  group_history f(4);
+  for (int k = 0; k < 8; ++k) f.record_sparse(0.6, levels, noise_key{});
+  int flat = 0;
+  while (!f.routes_dense(o) && flat < 20) {
+    f.record_sparse(1.3, levels, noise_key{});
+    ++flat;
+  }
+  EXPECT_EQ(flat, 7) << "flat calls of cost 1.3 after focused ones before the group is routed";
   // Routing off: never dense.
   h.record_sparse(5.0, levels, noise_key{});
   options off;

@@ -36,12 +36,13 @@ class group_history {
   /// doubling while the probes keep losing, at most kMaxProbeInterval.
   static constexpr std::uint32_t kFirstProbeInterval = 4;
   static constexpr std::uint32_t kMaxProbeInterval = 64;
-  /// The weight of a sparse call's cost in cost_estimate(): 1/8, so that the estimate
-  /// follows the mean cost of calls whose costs vary widely from step to step (a head's
-  /// sample changes with its query: in the synthetic mixed regime at 16K one group's
-  /// calls cost from 0.3 to 2.4 dense kernels around a mean of 0.8) rather than its last
-  /// two. A group whose calls all lose is routed after a few of them (7 flat calls of cost
-  /// 1.3 after focused ones of 0.6).
+  /// The least weight of a sparse call's cost in cost_estimate(): the estimate is the
+  /// plain mean of the calls since it (re)started, then a running mean in which each new
+  /// cost weighs 1/8. It follows the mean cost of calls whose costs vary widely from step
+  /// to step (a head's sample changes with its query: in the synthetic mixed regime at
+  /// 16K one group's calls cost from 0.25 to 2.4 dense kernels, most of them below 1)
+  /// rather than the last two; a run of flat calls still routes the group (7 of cost 1.3
+  /// after many of 0.6; 2 right after a probe).
   static constexpr double kNewCostWeight = 0.125;
 
   group_history() = default;
@@ -71,9 +72,10 @@ class group_history {
   /// (measured_cost()), else the cost model's prediction (options::cost; a head answered
   /// exactly adds 1); NaN before the first sparse call.
   double last_cost() const noexcept { return cost_; }
-  /// What routing decides on: a running mean of the sparse calls' costs (each new cost
-  /// weighs kNewCostWeight), restarted from a probe's cost. A few flat calls among focused
-  /// ones do not route a group; a run of them does.
+  /// What routing decides on: the mean of the sparse calls' costs since the last probe
+  /// (which restarts it from its own cost), older calls fading once there are more than 8
+  /// (kNewCostWeight). One flat call among focused ones does not route a group; a run of
+  /// them does.
   double cost_estimate() const noexcept { return estimate_; }
   /// Dense calls since the last sparse one, and how many the next probe waits for.
   std::uint32_t dense_streak() const noexcept { return dense_streak_; }
@@ -124,6 +126,7 @@ class group_history {
     has_key_ = false;
     key_ = {};
     cost_ = estimate_ = std::numeric_limits<double>::quiet_NaN();
+    estimate_calls_ = 0;
     dense_streak_ = 0;
     probe_interval_ = kFirstProbeInterval;
     dense_spt_ = std::numeric_limits<double>::quiet_NaN();
@@ -155,7 +158,14 @@ class group_history {
     has_key_ = true;
     for (std::size_t g = 0; g < levels_.size() && g < levels.size(); ++g)
       if (levels[g] >= 0) levels_[g] = levels[g];
-    estimate_ = probe || std::isnan(estimate_) ? cost : estimate_ + kNewCostWeight * (cost - estimate_);
+    // The plain mean of the calls since the estimate (re)started, then a running mean.
+    if (probe || std::isnan(estimate_)) {
+      estimate_ = cost;
+      estimate_calls_ = 1;
+    } else {
+      ++estimate_calls_;
+      estimate_ += std::max(kNewCostWeight, 1.0 / double(estimate_calls_)) * (cost - estimate_);
+    }
     if (estimate_ > 1.0 && probe && !quick)  // a quick probe that lost: the usual wait
       probe_interval_ = std::min(kMaxProbeInterval, 2 * probe_interval_);
     else if (!(estimate_ > 1.0))
@@ -182,6 +192,7 @@ class group_history {
   bool has_key_ = false;
   double cost_ = std::numeric_limits<double>::quiet_NaN();
   double estimate_ = std::numeric_limits<double>::quiet_NaN();
+  std::uint32_t estimate_calls_ = 0;  // sparse calls in estimate_ since it (re)started
   std::uint32_t dense_streak_ = 0;
   std::uint32_t probe_interval_ = kFirstProbeInterval;
   double dense_spt_ = std::numeric_limits<double>::quiet_NaN();
