@@ -83,8 +83,10 @@ int record(const std::string& path, std::size_t group, std::size_t steps,
         flush_caches(flush);
         double sparse_s[kHeads], dense_s[kHeads];
         std::size_t sampled[kHeads];
+        std::vector<std::vector<float>> queries(kHeads);
+        for (std::size_t h = 0; h < kHeads; ++h) queries[h] = syn::make_queries(c, h, group, s);
         for (std::size_t h = 0; h < kHeads; ++h) {
-          const std::vector<float> q = syn::make_queries(c, h, group, s);
+          const std::vector<float>& q = queries[h];
           const double t0 = now();
           attend_group(std::span<const float>(q), group, views[h], idx[h],
                        noise_key{s, 0, std::uint32_t(h)}, opt, std::span<float>(o),
@@ -93,7 +95,7 @@ int record(const std::string& path, std::size_t group, std::size_t steps,
           sampled[h] = ws.last_stats().sampled;
         }
         for (std::size_t h = 0; h < kHeads; ++h) {
-          const std::vector<float> q = syn::make_queries(c, h, group, s);
+          const std::vector<float>& q = queries[h];
           const double t0 = now();
           dense_attend(std::span<const float>(q), group, views[h], 0.0f, std::span<float>(o), dws);
           dense_s[h] = now() - t0;
