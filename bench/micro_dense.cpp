@@ -2,6 +2,7 @@
 // fallback) and of the machine's single-thread read bandwidth, which bounds it at G = 1.
 //
 //   micro_dense --benchmark_filter=read_bandwidth    streaming AVX-512 sum over 1 GiB
+//   micro_dense --benchmark_filter=scattered_rows    rows at random places, as the level loop
 //   micro_dense --benchmark_filter=dense_hnd         one KV head per call, head-major cache
 //   micro_dense --benchmark_filter=dense_nhd_layer   all 8 KV heads of a token-major layer
 //   micro_dense --benchmark_filter=dense_hot         1024 tokens in L2 (arithmetic only)
@@ -17,10 +18,12 @@
 //   g++ -std=c++20 -O2 -Iinclude -I/usr/include/eigen3 bench/micro_dense.cpp -o micro_dense
 //       -lbenchmark_main -lbenchmark -lpthread
 #include <certattn/dense.hpp>
+#include <certattn/memory.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +94,51 @@ void read_bandwidth(benchmark::State& state) {
 #endif
 }
 BENCHMARK(read_bandwidth)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+// ---------------------------------------------------------------------------------------
+// Scattered rows: what the certified call's level loop reads. 20,000 rows of `row` bytes at
+// random places of a region of `region` MiB (on huge pages, as the index and the bench's
+// caches are), each prefetched 16 rows ahead (as the level loop does) and summed; 64 MiB
+// read before each batch, as certattn-bench speed does before a call. The time per row
+// is the floor of a stage that reads scattered rows, whatever their bytes: on a machine
+// where it does not grow with the row, a row costs what its address does (translation,
+// the DRAM page), not what its bytes take at the streaming bandwidth.
+
+void scattered_rows(benchmark::State& state) {
+  const std::size_t region = std::size_t(state.range(0)) << 20, row = std::size_t(state.range(1));
+  constexpr std::size_t kRows = 20000, kAhead = 16;
+  certattn::large_vector<std::uint64_t> buf(region / 8, 1), flush((std::size_t(64) << 20) / 8, 1);
+  std::vector<std::uint32_t> at(kRows);
+  std::mt19937_64 rng(7);
+  const std::size_t n_rows = region / row;
+  std::uint64_t acc = 0;
+  double seconds = 0.0;  // the rows' own time (the flush is paused out of state's too)
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (std::uint32_t& t : at) t = std::uint32_t(rng() % n_rows);
+    for (std::size_t i = 0; i < flush.size(); i += 8) acc += flush[i];
+    state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < kRows; ++i) {
+      if (i + kAhead < kRows) {
+        const char* ahead = reinterpret_cast<const char*>(buf.data()) + at[i + kAhead] * row;
+        for (std::size_t o = 0; o < row; o += 64) __builtin_prefetch(ahead + o);
+      }
+      const std::uint64_t* p = buf.data() + at[i] * row / 8;
+      for (std::size_t o = 0; o < row / 8; o += 8) acc += p[o];
+    }
+    benchmark::DoNotOptimize(acc);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double rows = double(kRows) * double(state.iterations());
+  state.counters["ns_per_row"] = seconds > 0.0 ? seconds * 1e9 / rows : 0.0;
+  state.counters["GBps"] = seconds > 0.0 ? rows * double(row) * 1e-9 / seconds : 0.0;
+}
+BENCHMARK(scattered_rows)
+    ->ArgNames({"region_mib", "row"})
+    ->ArgsProduct({{16, 64, 256, 1024}, {128, 256}})
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.5);
 
 // ---------------------------------------------------------------------------------------
 // One KV head per call, head-major cache.

@@ -23,6 +23,7 @@ using namespace certattn;
 
 TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   options o;
+  o.cost.measured = false;  // the decisions on costs alone (no dense probe: below)
   group_history h(4);
   EXPECT_FALSE(h.routes_dense(o)) << "no sparse call seen yet";
   EXPECT_TRUE(std::isnan(h.last_cost()));
@@ -214,6 +215,42 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   EXPECT_TRUE(std::isnan(l.dense_seconds_per_token()));
 }
 
+// With measured costs, a group whose costs never exceed 1 still times its dense kernel
+// once: its first sparse call is followed by one dense call (the dense probe), then by a
+// quick sparse probe, after which its measured costs decide. Once per sequence; an
+// untimed dense call counts as the probe too, so that a failed clock cannot route a
+// group for good.
+TEST(GroupHistory, TimesTheDenseKernelOnceAfterTheFirstSparseCall) {
+  options o;  // cost.measured on (the default)
+  const std::vector<int> levels{3, 4};
+  group_history h(2);
+  EXPECT_FALSE(h.routes_dense(o)) << "the first call is sparse";
+  h.record_sparse(0.3, levels, noise_key{0, 0, 0});
+  EXPECT_TRUE(h.dense_probe_due(o));
+  EXPECT_TRUE(h.routes_dense(o)) << "a cheap prediction is not a measurement";
+  options model_only = o;
+  model_only.cost.measured = false;
+  EXPECT_FALSE(h.routes_dense(model_only)) << "no probe without measured costs";
+  options off = o;
+  off.route = routing::kOff;
+  EXPECT_FALSE(h.routes_dense(off));
+  h.record_dense(2e-3, 1000);  // the dense probe
+  EXPECT_FALSE(h.dense_probe_due(o));
+  EXPECT_FALSE(h.routes_dense(o)) << "the quick sparse probe";
+  h.record_sparse(h.measured_cost(2.4e-3, 1000), levels, noise_key{2, 0, 0});  // lost
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 1.2);
+  EXPECT_TRUE(h.routes_dense(o)) << "measured: the sparse path costs more here";
+  // A sequence's histories: after reset() the probe is due again after one sparse call.
+  h.reset();
+  EXPECT_FALSE(h.routes_dense(o));
+  h.record_sparse(0.3, levels, noise_key{0, 0, 0});
+  EXPECT_TRUE(h.routes_dense(o));
+  h.record_dense();  // untimed: still the probe, never repeated
+  EXPECT_FALSE(h.dense_probe_due(o));
+  h.record_sparse(0.3, levels, noise_key{2, 0, 0});
+  EXPECT_FALSE(h.routes_dense(o));
+}
+
 // The sample budget follows the measured costs: a history whose sparse calls measured
 // below the model's predictions scales the model's costs down (a larger budget), one
 // whose calls measured above them scales them up; the reference, given the history,
@@ -256,6 +293,7 @@ TEST(Routing, MeasuredCostsScaleTheSampleBudget) {
   model.record_sparse(0.9, std::vector<int>(G, -1), noise_key{4, 1, 0});
   fast.record_sparse(0.1, std::vector<int>(G, -1), noise_key{4, 1, 0}, 1.0);
   ASSERT_DOUBLE_EQ(fast.cost_scale(), group_history::kMinCostScale);
+  for (group_history* hist : {&model, &fast}) hist->record_dense();  // the dense probe made
   for (group_history* hist : {&model, &fast}) {
     const group_history before = *hist;
     const test::group_run run = test::run_group(c.kv, c.idx, q, G, opt, nk, hist);
@@ -273,11 +311,13 @@ TEST(Routing, MeasuredCostsScaleTheSampleBudget) {
 }
 
 // A focused group stays on the sparse path: no head reaches its budget, the history's
-// cost stays below 1 and never routes.
+// cost stays below 1 and never routes (the model's costs: measured ones depend on the
+// machine's timing; the dense probe they add is tested above).
 TEST(Routing, FocusedGroupStaysSparse) {
   const std::size_t n = 16384, d = 128, G = 4;
   flat_case c = make_case(synthetic::regime::kExtreme, n, d);
   options opt;
+  opt.cost.measured = false;
   group_history history(G);
   for (std::uint64_t step = 0; step < 6; ++step) {
     const std::vector<float> q = synthetic::make_queries(c.cache, 0, G, step);
@@ -302,6 +342,9 @@ TEST(Routing, NoCallCostsMuchMoreThanTheDenseKernel) {
     for (routing route : {routing::kAuto, routing::kOff}) {
       options opt;
       opt.route = route;
+      // The model's costs: the bound is in its units, and measured ones would make the
+      // budget (and this test) depend on the machine's timing.
+      opt.cost.measured = false;
       group_history history(G);
       double worst = 0.0, worst_bytes = 0.0;
       for (std::uint64_t step = 0; step < 6; ++step) {

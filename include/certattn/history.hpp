@@ -112,12 +112,25 @@ class group_history {
   }
 
   /// The decision of the next call: the dense kernel for the whole group. True when the
-  /// sparse path's cost estimate exceeds the dense kernel's and the next probe is not due.
-  /// The first timed dense call is followed at once by a probe, so that the cost model's
-  /// constants decide only until the group has measured both paths.
+  /// sparse path's cost estimate exceeds the dense kernel's and the next probe is not due,
+  /// or for the one dense probe (dense_probe_due()). The first timed dense call is
+  /// followed at once by a sparse probe, so that the cost model's constants decide only
+  /// until the group has measured both paths: within its first three calls.
   bool routes_dense(const options& o) const noexcept {
-    return o.route == routing::kAuto && estimate_ > 1.0 && dense_streak_ < probe_interval_ &&
-           !quick_probe_due_;
+    if (o.route != routing::kAuto) return false;
+    return dense_probe_due(o) ||
+           (estimate_ > 1.0 && dense_streak_ < probe_interval_ && !quick_probe_due_);
+  }
+  /// True when the next call is routed only to time this group's dense kernel: with
+  /// measured costs (options::cost.measured), after the group's first sparse call, when
+  /// no call of it has gone to the dense kernel yet. Without it a group that the cost
+  /// model's prediction keeps below 1 would never time its dense kernel, and the constants
+  /// fitted on another machine would route it for the whole sequence (on a machine with
+  /// more read bandwidth per core than the model's, the dense kernel is faster and the
+  /// sparse path's fixed cost a larger part of it). One dense call per group and sequence.
+  bool dense_probe_due(const options& o) const noexcept {
+    return o.route == routing::kAuto && o.cost.measured && !std::isnan(estimate_) &&
+           !dense_called_;
   }
 
   /// Forget everything (a new sequence in the same slot).
@@ -131,6 +144,7 @@ class group_history {
     probe_interval_ = kFirstProbeInterval;
     dense_spt_ = std::numeric_limits<double>::quiet_NaN();
     quick_probe_due_ = false;
+    dense_called_ = false;
     cost_scale_ = std::numeric_limits<double>::quiet_NaN();
   }
 
@@ -175,6 +189,7 @@ class group_history {
   }
   /// Called by attend_group() after a call routed to the dense kernel.
   void record_dense() noexcept {
+    dense_called_ = true;
     if (dense_streak_ < std::numeric_limits<std::uint32_t>::max()) ++dense_streak_;
   }
   /// The same, with the dense pass's measured time over `tokens` tokens.
@@ -197,6 +212,7 @@ class group_history {
   std::uint32_t probe_interval_ = kFirstProbeInterval;
   double dense_spt_ = std::numeric_limits<double>::quiet_NaN();
   bool quick_probe_due_ = false;
+  bool dense_called_ = false;  // a call of this sequence went to the dense kernel
   double cost_scale_ = std::numeric_limits<double>::quiet_NaN();
 };
 

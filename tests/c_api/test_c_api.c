@@ -172,7 +172,11 @@ static void check_against_exact(const certattn_cache* cache, const float* out,
       CHECK(certs[g].beta <= o->epsilon * r.value_scale * (1.0 + 1e-9));
     }
     CHECK(certs[g].keys_read >= 1 && certs[g].keys_read <= N);
-    CHECK(fabs(certs[g].max_score - r.max_score) <= 1e-9 * (1.0 + fabs(r.max_score)));
+    /* An exact answer's reference c is the dense kernel's running maximum, in float (its
+       weights exp(s_i - c) and denominator are relative to that c); a sampled answer's is
+       the exact maximum. */
+    CHECK(fabs(certs[g].max_score - r.max_score) <=
+          (certs[g].exact ? 1e-6 : 1e-9) * (1.0 + fabs(r.max_score)));
   }
 }
 
