@@ -43,7 +43,7 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
     ASSERT_FALSE(h.routes_dense(o)) << "the probe of round " << round << " is due";
     h.record_sparse(1.3, std::vector<int>{-1, 2, -1, -1}, noise_key{});
     expected = std::min(group_history::kMaxProbeInterval, 2 * expected);
-    ASSERT_EQ(h.probe_interval(), expected);
+    ASSERT_EQ(h.probe_interval(), expected) << "a loss of 0.3 waits at most 7 calls";
   }
   EXPECT_EQ(h.levels()[0], 3) << "an exact head keeps its previous hint";
   EXPECT_EQ(h.levels()[1], 2);
@@ -180,19 +180,24 @@ TEST(Routing, FlatGroupIsRoutedToTheDenseKernelAndProbed) {
                                           "over_budget", "routed", "routed", "routed", "routed",
                                           "routed"};
   EXPECT_EQ(paths, expected);
-  EXPECT_EQ(history.probe_interval(), 2 * group_history::kFirstProbeInterval);
+  // The lost probe doubled the wait, or set it by its loss (kProbeLossShare).
+  EXPECT_EQ(history.probe_interval(),
+            std::max(2 * group_history::kFirstProbeInterval,
+                     group_history::probe_wait_after_loss(history.last_cost())));
   EXPECT_TRUE(std::isnan(history.dense_seconds_per_token())) << "cost.measured off: untimed";
 }
 
-// The cost model's prediction decides only until the group has timed both paths: a
-// history that measured a dense pass routes on the sparse calls' measured time against it.
+// The cost model's prediction decides only until the group has timed both paths (with
+// measured costs, never: the first call is the dense probe): a history that measured a
+// dense pass routes on the sparse calls' measured time against it.
 TEST(Routing, MeasuredCostReplacesThePrediction) {
   group_history h(2);
   const std::vector<int> levels{3, 4};
   h.record_sparse(1.5, levels, noise_key{0, 0, 0});
   h.record_sparse(1.5, levels, noise_key{1, 0, 0});
-  options o;
-  ASSERT_TRUE(h.routes_dense(o)) << "the model's prediction: routed";
+  options o, model_only;
+  model_only.cost.measured = false;
+  ASSERT_TRUE(h.routes_dense(model_only)) << "the model's prediction: routed";
   EXPECT_TRUE(std::isnan(h.measured_cost(1.0, 1000)));
   h.record_dense(2e-3, 1000);  // the first timed dense pass: 2 us per token
   EXPECT_DOUBLE_EQ(h.dense_seconds_per_token(), 2e-6);
@@ -203,31 +208,33 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   h.record_sparse(h.measured_cost(1e-3, 1000), levels, noise_key{3, 0, 0});  // it won
   EXPECT_FALSE(h.routes_dense(o));
   EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.5);
-  // A quick probe that loses waits the usual 4 calls, without doubling.
+  // A quick probe that loses waits the first wait, without doubling, or what keeps
+  // probing within kProbeLossShare of the dense time when it lost by more.
   group_history l(2);
-  l.record_sparse(1.5, levels, noise_key{0, 0, 0});
   l.record_dense(2e-3, 1000);
   ASSERT_FALSE(l.routes_dense(o));
-  l.record_sparse(3.0, levels, noise_key{2, 0, 0});
+  l.record_sparse(1.1, levels, noise_key{2, 0, 0});
   EXPECT_EQ(l.probe_interval(), group_history::kFirstProbeInterval);
   EXPECT_TRUE(l.routes_dense(o));
-  l.reset();
-  EXPECT_TRUE(std::isnan(l.dense_seconds_per_token()));
+  group_history flat(2);
+  flat.record_dense(2e-3, 1000);
+  flat.record_sparse(4.0, levels, noise_key{2, 0, 0});
+  EXPECT_EQ(flat.probe_interval(), 60u) << "(4 - 1) / 0.05 calls";
+  flat.reset();
+  EXPECT_TRUE(std::isnan(flat.dense_seconds_per_token()));
+  EXPECT_EQ(flat.probe_interval(), group_history::kFirstProbeInterval);
 }
 
-// With measured costs, a group whose costs never exceed 1 still times its dense kernel
-// once: its first sparse call is followed by one dense call (the dense probe), then by a
-// quick sparse probe, after which its measured costs decide. Once per sequence; an
-// untimed dense call counts as the probe too, so that a failed clock cannot route a
-// group for good.
-TEST(GroupHistory, TimesTheDenseKernelOnceAfterTheFirstSparseCall) {
+// With measured costs, a group's first call times its dense kernel (the dense probe), and
+// its second is a quick sparse probe, after which its measured costs decide: the cost
+// model's constants never route it. Once per sequence; an untimed dense call counts as
+// the probe too, so that a failed clock cannot route a group for good.
+TEST(GroupHistory, TimesTheDenseKernelOnItsFirstCall) {
   options o;  // cost.measured on (the default)
   const std::vector<int> levels{3, 4};
   group_history h(2);
-  EXPECT_FALSE(h.routes_dense(o)) << "the first call is sparse";
-  h.record_sparse(0.3, levels, noise_key{0, 0, 0});
   EXPECT_TRUE(h.dense_probe_due(o));
-  EXPECT_TRUE(h.routes_dense(o)) << "a cheap prediction is not a measurement";
+  EXPECT_TRUE(h.routes_dense(o)) << "the first call times the dense kernel";
   options model_only = o;
   model_only.cost.measured = false;
   EXPECT_FALSE(h.routes_dense(model_only)) << "no probe without measured costs";
@@ -237,16 +244,22 @@ TEST(GroupHistory, TimesTheDenseKernelOnceAfterTheFirstSparseCall) {
   h.record_dense(2e-3, 1000);  // the dense probe
   EXPECT_FALSE(h.dense_probe_due(o));
   EXPECT_FALSE(h.routes_dense(o)) << "the quick sparse probe";
-  h.record_sparse(h.measured_cost(2.4e-3, 1000), levels, noise_key{2, 0, 0});  // lost
+  EXPECT_FALSE(h.has_hints()) << "a routed call leaves no levels";
+  h.record_sparse(h.measured_cost(2.4e-3, 1000), levels, noise_key{1, 0, 0});  // lost
   EXPECT_DOUBLE_EQ(h.cost_estimate(), 1.2);
   EXPECT_TRUE(h.routes_dense(o)) << "measured: the sparse path costs more here";
-  // A sequence's histories: after reset() the probe is due again after one sparse call.
-  h.reset();
+  EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
+  for (std::uint32_t k = 0; k < group_history::kFirstProbeInterval; ++k) h.record_dense(3e-3, 1000);
+  EXPECT_FALSE(h.routes_dense(o)) << "the next probe";
+  h.record_sparse(h.measured_cost(1e-3, 1000), levels, noise_key{6, 0, 0});  // won
   EXPECT_FALSE(h.routes_dense(o));
-  h.record_sparse(0.3, levels, noise_key{0, 0, 0});
+  EXPECT_FALSE(h.dense_probe_due(o)) << "once per sequence";
+  // A sequence's histories: after reset() the probe is due again.
+  h.reset();
   EXPECT_TRUE(h.routes_dense(o));
   h.record_dense();  // untimed: still the probe, never repeated
   EXPECT_FALSE(h.dense_probe_due(o));
+  EXPECT_FALSE(h.routes_dense(o));
   h.record_sparse(0.3, levels, noise_key{2, 0, 0});
   EXPECT_FALSE(h.routes_dense(o));
 }

@@ -7,8 +7,9 @@
 // later step of the same (layer, KV head, sequence), whose perturbations are independent
 // of theirs; any other call (a retried or repeated step, a step back after a truncation,
 // another layer or sequence) gets no hints, i.e. the uniform split of delta. Routing only
-// chooses exact answers, each certified by its own rounding bound whatever chose it; its
-// costs are measured on this machine once the group has timed a dense call.
+// chooses exact answers, each certified by its own rounding bound whatever chose it; with
+// measured costs (the default) a group's first call times the dense kernel, and routing
+// decides on this machine's costs from its second call on.
 #pragma once
 
 #include <certattn/common.hpp>
@@ -33,7 +34,8 @@ namespace certattn {
 class group_history {
  public:
   /// After a sparse call that lost, the dense calls before the next sparse probe: 4, then
-  /// doubling while the probes keep losing, at most kMaxProbeInterval.
+  /// doubling while the probes keep losing, at most kMaxProbeInterval, and never fewer than
+  /// probe_wait_after_loss() of the losing probe's cost.
   static constexpr std::uint32_t kFirstProbeInterval = 4;
   static constexpr std::uint32_t kMaxProbeInterval = 64;
   /// The least weight of a sparse call's cost in cost_estimate(): the estimate is the
@@ -111,26 +113,36 @@ class group_history {
                : certattn::sample_budget(o, tokens);
   }
 
-  /// The decision of the next call: the dense kernel for the whole group. True when the
-  /// sparse path's cost estimate exceeds the dense kernel's and the next probe is not due,
-  /// or for the one dense probe (dense_probe_due()). The first timed dense call is
-  /// followed at once by a sparse probe, so that the cost model's constants decide only
-  /// until the group has measured both paths: within its first three calls.
+  /// The decision of the next call: the dense kernel for the whole group. True for the
+  /// group's first call (the dense probe, dense_probe_due()), and when the sparse path's
+  /// cost estimate exceeds the dense kernel's and the next probe is not due. The first
+  /// timed dense call is followed at once by a sparse call (the quick probe), so that with
+  /// measured costs the group routes on this machine's costs from its second call on.
   bool routes_dense(const options& o) const noexcept {
     if (o.route != routing::kAuto) return false;
     return dense_probe_due(o) ||
            (estimate_ > 1.0 && dense_streak_ < probe_interval_ && !quick_probe_due_);
   }
-  /// True when the next call is routed only to time this group's dense kernel: with
-  /// measured costs (options::cost.measured), after the group's first sparse call, when
-  /// no call of it has gone to the dense kernel yet. Without it a group that the cost
-  /// model's prediction keeps below 1 would never time its dense kernel, and the constants
-  /// fitted on another machine would route it for the whole sequence (on a machine with
-  /// more read bandwidth per core than the model's, the dense kernel is faster and the
-  /// sparse path's fixed cost a larger part of it). One dense call per group and sequence.
+  /// True when the next call goes to the dense kernel only to time it: with measured costs
+  /// (options::cost.measured), the first call of the group (of the sequence, after
+  /// reset()). Without it routing would start from the cost model's prediction, fitted on
+  /// another machine: a group the prediction keeps below 1 would never time its dense
+  /// kernel and the constants would route it for the whole sequence (on a machine with more
+  /// read bandwidth per core than the model's, the dense kernel is faster and the sparse
+  /// path's fixed cost a larger part of it), and a group the prediction routes would pay a
+  /// sparse call more before its costs are measured. One dense call per group and
+  /// sequence; the next call is the quick probe.
   bool dense_probe_due(const options& o) const noexcept {
-    return o.route == routing::kAuto && o.cost.measured && !std::isnan(estimate_) &&
-           !dense_called_;
+    return o.route == routing::kAuto && o.cost.measured && !dense_called_;
+  }
+  /// What probing may cost a routed group: a probe that loses costs (cost - 1) dense
+  /// kernels, so the next one waits at least (cost - 1) / kProbeLossShare calls (at most
+  /// kMaxProbeInterval). A group whose sparse path costs 4 dense kernels is probed every
+  /// 60 calls instead of every 8, 16, 32; one near 1 keeps the doubling wait.
+  static constexpr double kProbeLossShare = 0.05;
+  static std::uint32_t probe_wait_after_loss(double cost) noexcept {
+    const double wait = std::ceil((cost - 1.0) / kProbeLossShare);
+    return wait >= double(kMaxProbeInterval) ? kMaxProbeInterval : std::uint32_t(std::max(wait, 0.0));
   }
 
   /// Forget everything (a new sequence in the same slot).
@@ -180,8 +192,11 @@ class group_history {
       ++estimate_calls_;
       estimate_ += std::max(kNewCostWeight, 1.0 / double(estimate_calls_)) * (cost - estimate_);
     }
-    if (estimate_ > 1.0 && probe && !quick)  // a quick probe that lost: the usual wait
-      probe_interval_ = std::min(kMaxProbeInterval, 2 * probe_interval_);
+    // A probe that lost: the wait doubles (a quick probe keeps the first wait), and is at
+    // least what keeps probing within kProbeLossShare of the dense time.
+    if (estimate_ > 1.0 && probe)
+      probe_interval_ = std::max(quick ? probe_interval_ : std::min(kMaxProbeInterval, 2 * probe_interval_),
+                                 probe_wait_after_loss(cost));
     else if (!(estimate_ > 1.0))
       probe_interval_ = kFirstProbeInterval;
     cost_ = cost;

@@ -88,7 +88,7 @@ inline routing routing_from_string(std::string_view s) {
 /// `certattn-bench speed --fit-cost` fits them on another machine. `give_up` is the
 /// predicted cost at which a call stops sampling (sample_budget()): a call then costs at
 /// most about give_up + 1 dense kernels (the spent part, then one dense pass).
-/// `measured`: once a group_history has timed a routed call's dense pass (its second call
+/// `measured`: once a group_history has timed a routed call's dense pass (its first call
 /// goes to the dense kernel for that: group_history::dense_probe_due()), it routes on
 /// the sparse calls' measured time against it instead of on the prediction, and scales the
 /// sample budget by their measured / predicted ratio (group_history::sample_budget(); the

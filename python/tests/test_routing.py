@@ -127,7 +127,7 @@ def test_history_carries_the_levels_of_a_focused_cache():
     hinted call."""
     k, v, q = synthetic_cache(3000, 64, heads=2, seed=3, focus=2.0, steps=3)
     index = certattn.KeyIndex(k, v)
-    # The model's costs alone: with measured ones the second call would time the dense
+    # The model's costs alone: with measured ones the first call would time the dense
     # kernel (the dense probe).
     kw = dict(seed=11, sequence=5, layer=0,
               cost={"fixed": 0.2, "per_key": 0.5, "give_up": 2.0, "measured": False})
