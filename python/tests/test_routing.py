@@ -75,11 +75,15 @@ def test_flat_cache_goes_over_budget_then_is_routed_and_probed():
         assert (paths[s] == "routed").all(), (s, paths[s])
     snap = index.history_snapshot()
     assert snap.kv_heads == 2 and all(snap.routes_dense)
-    # A new sequence: the history forgets the loss.
+    # A new sequence: the history forgets the loss (with measured costs, the default, its
+    # first call times the dense kernel: the dense probe).
     index.reset_history()
-    assert not any(index.history_snapshot().routes_dense)
-    _, certs = certattn.attend(q[0], k, v, index, seed=3, step=100, layer=0)
+    assert all(index.history_snapshot().routes_dense)
+    _, certs = certattn.attend(q[0], k, v, index, seed=3, step=100, layer=0, cost=model_only)
     assert not (certattn.path_names(certs) == "routed").any()
+    index.reset_history()
+    _, certs = certattn.attend(q[0], k, v, index, seed=3, step=100, layer=0)
+    assert (certattn.path_names(certs) == "routed").all()
 
 
 def test_routing_off_never_routes_nor_stops():
@@ -96,26 +100,30 @@ def test_routing_off_never_routes_nor_stops():
 
 
 def test_hints_and_history_false_leave_the_history_alone():
+    model_only = {"measured": False}  # the model's decisions (no dense probe)
     k, v, q = flat_cache(steps=3)
     index = certattn.KeyIndex(k, v)
-    certattn.attend(q[0], k, v, index, seed=3, step=0, layer=0)  # loses: the next call would be routed
+    certattn.attend(q[0], k, v, index, seed=3, step=0, layer=0, cost=model_only)  # loses: the next call would be routed
     assert all(index.history_snapshot().routes_dense)
     for kw in (dict(history=False), dict(level_hints=np.full((2, 4), -1))):
-        _, certs = certattn.attend(q[1], k, v, index, seed=3, step=1, **kw)
+        _, certs = certattn.attend(q[1], k, v, index, seed=3, step=1, cost=model_only, **kw)
         assert not (certattn.path_names(certs) == "routed").any(), kw
-    _, certs = certattn.attend(q[1], k, v, index, seed=3, step=1, layer=0)
+    _, certs = certattn.attend(q[1], k, v, index, seed=3, step=1, layer=0, cost=model_only)
     assert (certattn.path_names(certs) == "routed").all()
 
 
 def test_group_size_change_recreates_the_histories():
+    model_only = {"measured": False}  # the model's decisions (no dense probe)
     k, v, q = flat_cache(steps=2)
     index = certattn.KeyIndex(k, v)
-    certattn.attend(q[0], k, v, index, seed=3, step=0, layer=0)
+    certattn.attend(q[0], k, v, index, seed=3, step=0, layer=0, cost=model_only)
     assert index.history_snapshot().levels[0] == [-1] * 4
     before = index.history_snapshot()
-    out, certs = certattn.attend(q[1, :, :2], k, v, index, seed=3, step=1, layer=0)  # G = 2: fresh histories
+    out, certs = certattn.attend(q[1, :, :2], k, v, index, seed=3, step=1, layer=0,
+                                 cost=model_only)  # G = 2: fresh histories
     assert not (certattn.path_names(certs) == "routed").any()
-    ref, rcerts = certattn.reference_attend(q[1, :, :2], k, v, index, seed=3, step=1, history=before)
+    ref, rcerts = certattn.reference_attend(q[1, :, :2], k, v, index, seed=3, step=1, history=before,
+                                            cost=model_only)
     assert same_certs(certs, rcerts) and close(out, ref)
     assert len(index.history_snapshot().levels[0]) == 2
 
