@@ -201,13 +201,21 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   EXPECT_TRUE(std::isnan(h.measured_cost(1.0, 1000)));
   h.record_dense(2e-3, 1000);  // the first timed dense pass: 2 us per token
   EXPECT_DOUBLE_EQ(h.dense_seconds_per_token(), 2e-6);
-  h.record_dense(8e-3, 1000);  // a slowed pass does not raise the estimate
-  EXPECT_DOUBLE_EQ(h.dense_seconds_per_token(), 2e-6);
   EXPECT_FALSE(h.routes_dense(o)) << "a quick probe follows the first timed dense call";
   EXPECT_DOUBLE_EQ(h.measured_cost(1e-3, 1000), 0.5);
   h.record_sparse(h.measured_cost(1e-3, 1000), levels, noise_key{3, 0, 0});  // it won
   EXPECT_FALSE(h.routes_dense(o));
   EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.5);
+  // The dense time is a running mean (each pass weighs 1/4), each pass clamped to within a
+  // factor 2 of it: it follows the machine's speed, and one slowed pass moves it little.
+  group_history m(2);
+  m.record_dense(2e-3, 1000);
+  m.record_dense(8e-3, 1000);  // slowed 4 times: counted as 2 times
+  EXPECT_DOUBLE_EQ(m.dense_seconds_per_token(), 2.5e-6);
+  m.record_dense(1e-3, 1000);  // faster: counted as half the mean
+  EXPECT_DOUBLE_EQ(m.dense_seconds_per_token(), 2.5e-6 - 0.25 * 1.25e-6);
+  for (int k = 0; k < 40; ++k) m.record_dense(3e-3, 1000);  // the machine slowed down
+  EXPECT_NEAR(m.dense_seconds_per_token(), 3e-6, 1e-10);
   // A quick probe that loses waits the first wait, without doubling, or what keeps
   // probing within kProbeLossShare of the dense time when it lost by more.
   group_history l(2);

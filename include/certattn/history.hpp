@@ -83,11 +83,17 @@ class group_history {
   std::uint32_t dense_streak() const noexcept { return dense_streak_; }
   std::uint32_t probe_interval() const noexcept { return probe_interval_; }
 
-  /// The dense kernel's time per token on this group as measured here: the fastest of the
-  /// routed calls' dense passes (seconds; NaN before the first). The fastest, because a
-  /// pass is only ever slowed (cold caches, page faults, other load, an emulator's first
-  /// translation), and an inflated dense time would keep a losing group on the sparse path.
+  /// The dense kernel's time per token on this group as measured here (seconds; NaN
+  /// before the first routed call): the first routed call's dense pass, then a running
+  /// mean in which each new pass weighs kNewDenseWeight, clamped to within a factor 2 of
+  /// the mean. A running mean, because the sparse calls it prices run now: on a shared
+  /// machine both paths slow down and speed up together (a Zen 5 guest's dense pass went
+  /// from 1.35 to 1.9 ms within one bench run), and the fastest pass ever seen made every
+  /// later sparse call look up to 1.4 times its cost and routed groups that were winning.
+  /// Clamped, so that one pass slowed by a page fault or a preemption moves it by at
+  /// most a quarter.
   double dense_seconds_per_token() const noexcept { return dense_spt_; }
+  static constexpr double kNewDenseWeight = 0.25;
   /// The cost of a sparse call that took `seconds` over `tokens`, relative to this group's
   /// measured dense kernel: what routing records instead of the cost model's prediction
   /// once a dense call has been timed (options::cost.measured). NaN before that.
@@ -213,7 +219,10 @@ class group_history {
     if (!(seconds > 0.0) || !std::isfinite(seconds) || tokens == 0) return;
     const double spt = seconds / double(tokens);
     if (std::isnan(dense_spt_)) quick_probe_due_ = true;
-    dense_spt_ = std::isnan(dense_spt_) ? spt : std::min(dense_spt_, spt);
+    dense_spt_ = std::isnan(dense_spt_)
+                     ? spt
+                     : dense_spt_ + kNewDenseWeight *
+                                        (std::clamp(spt, 0.5 * dense_spt_, 2.0 * dense_spt_) - dense_spt_);
   }
 
  private:
