@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -228,6 +229,9 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   flat.record_dense(2e-3, 1000);
   flat.record_sparse(4.0, levels, noise_key{2, 0, 0});
   EXPECT_EQ(flat.probe_interval(), 60u) << "(4 - 1) / 0.05 calls";
+  EXPECT_EQ(group_history::probe_wait_after_loss(0.5), 0u);
+  EXPECT_EQ(group_history::probe_wait_after_loss(std::numeric_limits<double>::quiet_NaN()), 0u);
+  EXPECT_EQ(group_history::probe_wait_after_loss(1e300), group_history::kMaxProbeInterval);
   flat.reset();
   EXPECT_TRUE(std::isnan(flat.dense_seconds_per_token()));
   EXPECT_EQ(flat.probe_interval(), group_history::kFirstProbeInterval);

@@ -148,7 +148,8 @@ class group_history {
   static constexpr double kProbeLossShare = 0.05;
   static std::uint32_t probe_wait_after_loss(double cost) noexcept {
     const double wait = std::ceil((cost - 1.0) / kProbeLossShare);
-    return wait >= double(kMaxProbeInterval) ? kMaxProbeInterval : std::uint32_t(std::max(wait, 0.0));
+    if (!(wait > 0.0)) return 0;  // a probe that did not lose (or a NaN cost)
+    return wait >= double(kMaxProbeInterval) ? kMaxProbeInterval : std::uint32_t(wait);
   }
 
   /// Forget everything (a new sequence in the same slot).
