@@ -30,6 +30,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -155,7 +156,6 @@ int replay(const std::string& path) {
   };
   for (const auto& [key, heads] : trace) {
     const auto& [n, regime, group] = key;
-    double dense = 0, sparse = 0, chosen = 0;
     std::size_t routed = 0, calls = 0, steps = 0;
     for (const auto& h : heads) steps = std::max(steps, h.size());
     std::vector<double> step_dense(steps), step_sparse(steps), step_chosen(steps);
@@ -164,19 +164,15 @@ int replay(const std::string& path) {
       const std::vector<int> levels(group, -1);
       for (std::size_t s = 0; s < heads[h].size(); ++s) {
         const call& c = heads[h][s];
-        dense += c.dense_s;
-        sparse += c.sparse_s;
         step_dense[s] += c.dense_s;
         step_sparse[s] += c.sparse_s;
         ++calls;
         if (hist.routes_dense(opt)) {
-          chosen += c.dense_s;
           step_chosen[s] += c.dense_s;
           ++routed;
           hist.record_dense(c.dense_s, n);
           continue;
         }
-        chosen += c.sparse_s;
         step_chosen[s] += c.sparse_s;
         const double predicted = opt.cost.predicted(c.sampled, n);
         const double measured = hist.measured_cost(c.sparse_s, n);
@@ -191,7 +187,9 @@ int replay(const std::string& path) {
       r_off.push_back(step_dense[s] / step_sparse[s]);
       r_on.push_back(step_dense[s] / step_chosen[s]);
     }
-    const double off = dense / sparse, on = dense / chosen, crit = on / std::max(1.0, off);
+    auto total = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
+    const double dense = total(step_dense);
+    const double off = dense / total(step_sparse), on = dense / total(step_chosen), crit = on / std::max(1.0, off);
     const double m_off = median(r_off), m_on = median(r_on), m_crit = m_on / std::max(1.0, m_off);
     ++configs;
     below += crit < 0.95;
