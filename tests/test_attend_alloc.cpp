@@ -32,10 +32,18 @@ strided_kv<half> view_of(const synthetic::kv_cache& c) {
 TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
   const std::size_t n = 20000, d = 128, G = 4;
   // Without routing (every path of the level loop), and with a group_history (heads over
-  // budget, then groups routed to the dense kernel and probes).
-  for (routing route : {routing::kOff, routing::kAuto})
+  // budget, then groups routed to the dense kernel and probes): routed on the measured
+  // costs (the dense probe, timed calls; which calls are routed depends on the machine's
+  // load) and on the model's prediction (deterministic: a flat group is routed).
+  struct setting {
+    routing route;
+    bool measured;
+  };
+  for (setting set : {setting{routing::kOff, true}, setting{routing::kAuto, true},
+                      setting{routing::kAuto, false}})
   for (synthetic::regime r : {synthetic::regime::kMixed, synthetic::regime::kUniform,
                               synthetic::regime::kExtreme}) {
+    const routing route = set.route;
     const auto cache = one_head(n, d, r);
     const strided_kv<half> kv = view_of(cache);
     key_index idx(d);
@@ -46,6 +54,7 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     std::vector<certificate> certs(G);
     options opt;
     opt.route = route;
+    opt.cost.measured = set.measured;
     std::vector<std::vector<float>> queries;
     for (std::uint64_t s = 0; s < 12; ++s) queries.push_back(synthetic::make_queries(cache, 0, G, s));
     // Also force the exact fallback once: max_levels 0 rarely certifies.
@@ -88,7 +97,7 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     }
     g_counting = false;
     EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r) << ", routing "
-                                       << to_string(route);
+                                       << to_string(route) << ", measured " << set.measured;
     // The last call (s = 11) was timed when the group was not routed; untimed calls leave
     // stage_seconds at 0.
     double timed = 0;
@@ -97,7 +106,7 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     ws.time_stages(false);
     call(0, opt);
     for (double t : ws.last_stats().stage_seconds) EXPECT_EQ(t, 0.0);
-    if (route == routing::kAuto && r == synthetic::regime::kUniform)
+    if (route == routing::kAuto && !set.measured && r == synthetic::regime::kUniform)
       EXPECT_GT(routed, 0u) << "a flat group should have been routed to the dense kernel";
   }
 }
