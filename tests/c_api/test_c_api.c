@@ -265,10 +265,27 @@ static void test_calls(void) {
     for (g = 0; g < G; ++g) sampled_heads += certs[g].path == CERTATTN_PATH_SAMPLED;
   }
   CHECK(sampled_heads > 0); /* the peaked cache certifies sparse answers */
+  /* With measured costs the last cost is a timing against the dense probe's: any
+   * positive value (a small cache on a loaded machine can take longer than two dense
+   * kernels). */
   CHECK_OK(certattn_history_last_cost(hist, &cost));
-  CHECK(cost > 0.0 && cost < 2.0);
+  CHECK(cost > 0.0 && isfinite(cost));
   CHECK_OK(certattn_history_levels(hist, levels, G));
   for (g = 0; g < G; ++g) CHECK(levels[g] >= -1 && levels[g] <= 44);
+  /* With the cost model's predictions it is deterministic: no call is routed, and the
+   * sample budget keeps a sampled call below give_up dense kernels. */
+  {
+    certattn_options m = o;
+    m.cost.measured = 0;
+    CHECK_OK(certattn_history_reset(hist));
+    for (step = 1; step <= 8; ++step) {
+      key.step = step;
+      CHECK_OK(certattn_attend_group(g_queries, G, &cache, idx, &key, &m, out, certs, ws, hist));
+      check_against_exact(&cache, out, certs, &m);
+    }
+    CHECK_OK(certattn_history_last_cost(hist, &cost));
+    CHECK(cost > 0.0 && cost < m.cost.give_up);
+  }
   CHECK_OK(certattn_history_reset(hist));
   CHECK_OK(certattn_history_last_cost(hist, &cost));
   CHECK(isnan(cost));
