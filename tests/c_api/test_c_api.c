@@ -272,8 +272,8 @@ static void test_calls(void) {
   CHECK(cost > 0.0 && isfinite(cost));
   CHECK_OK(certattn_history_levels(hist, levels, G));
   for (g = 0; g < G; ++g) CHECK(levels[g] >= -1 && levels[g] <= 44);
-  /* With the cost model's predictions it is deterministic: no call is routed, and the
-   * sample budget keeps a sampled call below give_up dense kernels. */
+  /* With the cost model's predictions it is deterministic, and on this peaked cache
+   * below give_up dense kernels. */
   {
     certattn_options m = o;
     m.cost.measured = 0;
