@@ -180,6 +180,23 @@ static void check_against_exact(const certattn_cache* cache, const float* out,
   }
 }
 
+/* Steps 1..8 of one group through `hist` (key->step ends at 8), each answer checked
+ * against exact attention; returns how many heads were answered by sampling. */
+static size_t history_steps(const certattn_cache* cache, const certattn_index* idx,
+                            certattn_noise_key* key, const certattn_options* o,
+                            certattn_history* hist, certattn_workspace* ws) {
+  static float out[G * D];
+  certattn_certificate certs[G];
+  size_t sampled = 0, g;
+  for (key->step = 1; key->step <= 8; ++key->step) {
+    CHECK_OK(certattn_attend_group(g_queries, G, cache, idx, key, o, out, certs, ws, hist));
+    check_against_exact(cache, out, certs, o);
+    for (g = 0; g < G; ++g) sampled += certs[g].path == CERTATTN_PATH_SAMPLED;
+  }
+  key->step = 8;
+  return sampled;
+}
+
 static void test_calls(void) {
   certattn_index* idx = NULL;
   certattn_workspace* ws = NULL;
@@ -190,7 +207,7 @@ static void test_calls(void) {
   static float out[G * D], out2[G * D], dense[G * D];
   certattn_certificate certs[G], certs2[G];
   certattn_group_stats stats;
-  size_t size = 0, bytes = 0, budget = 0, step, g, i, sampled_heads = 0;
+  size_t size = 0, bytes = 0, budget = 0, g, i;
   double cost = 0.0;
   int32_t levels[G];
 
@@ -258,13 +275,7 @@ static void test_calls(void) {
   CHECK_OK(certattn_history_create(G, &hist));
   CHECK_OK(certattn_history_last_cost(hist, &cost));
   CHECK(isnan(cost));
-  for (step = 1; step <= 8; ++step) {
-    key.step = step;
-    CHECK_OK(certattn_attend_group(g_queries, G, &cache, idx, &key, &o, out, certs, ws, hist));
-    check_against_exact(&cache, out, certs, &o);
-    for (g = 0; g < G; ++g) sampled_heads += certs[g].path == CERTATTN_PATH_SAMPLED;
-  }
-  CHECK(sampled_heads > 0); /* the peaked cache certifies sparse answers */
+  CHECK(history_steps(&cache, idx, &key, &o, hist, ws) > 0); /* the peaked cache certifies sparse answers */
   /* With measured costs the last cost is a timing against the dense probe's: any
    * positive value (a small cache on a loaded machine can take longer than two dense
    * kernels). */
@@ -278,11 +289,7 @@ static void test_calls(void) {
     certattn_options m = o;
     m.cost.measured = 0;
     CHECK_OK(certattn_history_reset(hist));
-    for (step = 1; step <= 8; ++step) {
-      key.step = step;
-      CHECK_OK(certattn_attend_group(g_queries, G, &cache, idx, &key, &m, out, certs, ws, hist));
-      check_against_exact(&cache, out, certs, &m);
-    }
+    history_steps(&cache, idx, &key, &m, hist, ws);
     CHECK_OK(certattn_history_last_cost(hist, &cost));
     CHECK(cost > 0.0 && cost < m.cost.give_up);
   }
