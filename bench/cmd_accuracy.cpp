@@ -512,7 +512,7 @@ setting_result evaluate(const eval_data& e, const accuracy_flags& f, thread_pool
     w.qpad.assign(G * dp, 0.0f);
     w.u.assign(G * blocks * key_index::kBlockTokens + 16, 0.0f);
     w.block_max.assign(G * blocks + 1, 0.0f);
-    w.qa.assign(G * dp, 0);
+    w.qa.assign(scan_query_bytes(G, dp), 0);
     w.prep.assign(G, {});
   }
   std::vector<double> exact_o(calls * d), exact_m(calls), exact_norm(calls);

@@ -40,7 +40,7 @@ void scan(benchmark::State& state) {
   for (std::size_t g = 0; g < G; ++g)
     for (std::size_t i = 0; i < d; ++i) qpad[g * dp + i] = q[g * d + i];
   std::vector<float> u(G * blocks * key_index::kBlockTokens + 16), block_max(G * blocks + 1);
-  std::vector<std::int8_t> qa(G * dp);
+  std::vector<std::int8_t> qa(certattn::scan_query_bytes(G, dp));
   std::vector<certattn::detail::block_query_prep> prep(G);
 
   certattn::scan_request r;

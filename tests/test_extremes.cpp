@@ -427,7 +427,7 @@ TEST(Extremes, SubnormalScoresStayBelowTheirBounds) {
         if (int(arch) > int(detected_isa())) continue;
         const std::size_t blocks = (n + 127) / 128;  // the scan writes whole blocks
         std::vector<float> u(blocks * 128), block_max(blocks);
-        std::vector<std::int8_t> qa(idx.padded_dim());
+        std::vector<std::int8_t> qa(scan_query_bytes(1, idx.padded_dim()));
         detail::block_query_prep prep;
         scan_request r;
         r.index = &idx;

@@ -19,6 +19,12 @@
 
 namespace certattn {
 
+/// Bytes of the scan's int8 query scratch (scan_request::qa): two planes of nq queries
+/// (arch/scan_prep.hpp).
+constexpr std::size_t scan_query_bytes(std::size_t nq, std::size_t padded_dim) noexcept {
+  return 2 * nq * padded_dim;
+}
+
 /// Inputs and outputs of one scan. Buffers are caller-owned (the certified call's
 /// workspace); u has room for whole blocks: u_stride >= blocks(pool_end) * 128.
 struct scan_request {
@@ -32,7 +38,7 @@ struct scan_request {
   std::size_t u_stride = 0;
   float* block_max = nullptr;      // [nq][block_stride] out: max u over a block's pool tokens
   std::size_t block_stride = 0;
-  std::int8_t* qa = nullptr;       // [nq * padded_dim] scratch (octet-major int8 queries)
+  std::int8_t* qa = nullptr;       // [scan_query_bytes(nq, padded_dim)] scratch (int8 queries)
   detail::block_query_prep* prep = nullptr;  // [nq] scratch
 };
 

@@ -112,7 +112,7 @@ void check_scan(const key_index& idx, const test::head_cache<T>& c, std::size_t 
     if (a > int(detected_isa())) continue;
     u[a].assign(nq * stride + 16, 0.0f);
     std::vector<float> block_max(nq * blocks);
-    std::vector<std::int8_t> qa(nq * dp);
+    std::vector<std::int8_t> qa(scan_query_bytes(nq, dp));
     std::vector<detail::block_query_prep> prep(nq);
     scan_request req;
     req.index = &idx;

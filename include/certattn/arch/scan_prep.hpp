@@ -7,45 +7,59 @@
 //   q.k = sum q lo + sum a c + sum a/2 + sum a (f - 1/2) + sum (A - a)(c + f),
 // sum a (f - 1/2) <= min(sum |a| / 2, ||a|| rho_t) (Hoelder; Cauchy-Schwarz with the
 // per-token residual norm rho_t >= ||f - 1/2|| the index stores in a byte), and the last
-// term is at most 16 u S + 16 d 2^-150 (S = sum |a|). The integer dot needs a in int8:
-// alpha = fl(max|a| / 127), inv = fl(127 / max|a|) (0 when alpha < FLT_MIN), r = RNE(a inv)
-// of the exact product (|a inv| <= 127 (1 + u): r in [-127, 127], no clamp), e = a - alpha r;
-// then sum a c = alpha dot + sum e c <= alpha dot + 15 sum max(e, 0), dot = sum r c exact in
-// int32. So, with scale > 0,
-//   s <= scale (alpha dot + C) + min(scale S / 2, scale ||a|| rho_t),
-//   C = sum q lo + sum a / 2 + 15 sum max(e, 0) + 16 u S (+ subnormal terms).
-// Any alpha would do (e absorbs it); alpha ~ max|a| / 127 makes it tight. |e| <= 0.51 alpha
-// (inv and 1 / alpha agree to 2.01 u), or e = a when inv = 0.
+// term is at most 16 u S + 16 d 2^-150 (S = sum |a|). The integer dot needs a in int8, and
+// a second int8 plane carries what the first rounds off: alpha = fl(max|a| / 127),
+// inv = fl(127 / max|a|) (0 when alpha < FLT_MIN), r = RNE(a inv) of the exact product
+// (|a inv| <= 127 (1 + u): r in [-127, 127], no clamp), e' = fl(a - alpha r)
+// (|e'| <= 0.5001 alpha: inv and 1 / alpha agree to 2.01 u; e' = a when inv = 0); then
+// beta = alpha 2^-7 (exact), inv_f = fl(128 / alpha) (0 when beta < FLT_MIN),
+// r_f = RNE(e' inv_f) in [-65, 65] and e_f = fl(e' - beta r_f) (|e_f| <= 0.51 beta, or
+// e_f = e' when inv_f = 0). So
+//   sum a c = alpha dot + beta dot_f + sum e_f c + sum (a - alpha r - e') c
+//             + sum (e' - beta r_f - e_f) c
+//          <= beta dot2 + 15 sum max(e_f, 0) + 15 u (sum |e'| + sum |e_f|) (+ subnormal),
+// with dot = sum r c, dot_f = sum r_f c and dot2 = 128 dot + dot_f exact in int32 (at most
+// (128 * 1905 + 65 * 15) d < 2^31 for d < 8700). So, with scale > 0,
+//   s <= scale (beta dot2 + C) + min(scale S / 2, scale ||a|| rho_t),
+//   C = sum q lo + sum a / 2 + 15 sum max(e_f, 0) + 16 u S (+ rounding terms).
+// Any alpha would do (e' and e_f absorb it); alpha ~ max|a| / 127 makes it tight. With one
+// plane the query's rounding cost 15 sum max(e', 0), about 0.6 nats of the bound's mean
+// slack; the second plane leaves 1/128 of that (docs/fast-path.md, "The 4-bit scan").
 //
 // Float evaluation. Per channel i (lane l = i mod 16, channels in increasing order; a
 // partial last vector acts as zeros) the lanes accumulate in float, with explicit fmas:
 //   ca = fma(q, lo, ca), cb = fma(a, 1/2, cb), s += |a|, q2 = fma(a, a, q2), p += |fl(q lo)|,
 // and in a second pass (after alpha) y = fma(a, inv, 1.5 2^23), r = y - 1.5 2^23 (exact;
-// the low byte of y is r), ce += max(e', 0) with e' = fma(-alpha, r, a). Per lane then
+// the low byte of y is r), e' = fma(-alpha, r, a), y_f = fma(e', inv_f, 1.5 2^23),
+// r_f = y_f - 1.5 2^23, e_f = fma(-beta, r_f, e'), ce += max(e_f, 0). Per lane then
 // c = fma(ce, 15, ca + cb) and m = fma(s, 24, p), and c, s, q2, m each go through one fixed
 // tree (x_l + x_{l+8}, then + 4, + 2, + 1). Rounding, all relative to u and to
 // P = sum |q lo|, S and d alpha:
 //  * the 3 ceil(d/16) + 6 roundings of C (lanes and tree) err by at most u each times the
-//    sum of the absolute values of its terms, M <= P + 15.5 S + 7.8 d alpha (max(e', 0) is
-//    at most 0.52 alpha, or |a| when inv = 0);
-//  * e' = fl(e) adds 15 u (S + 0.52 d alpha) through max(e', 0), and A - a adds 16 u S;
-//  * the kernels evaluate u_t = fl(fl(fma(alpha', float(dot), c')) + min(h', fl(n' byte_t)))
-//    with alpha' = float(scale alpha): alpha', float(dot), the fma and the final sum err by
-//    at most u (4.02 scale alpha |dot| + 2 |c'| + h'), with alpha |dot| <= 15 S + 7.5 d alpha;
+//    sum of the absolute values of its terms, M <= P + 15.5 S + 0.07 d alpha (max(e_f, 0) is
+//    at most 0.52 beta; at most 0.52 alpha when inv_f = 0, see below; |a| when inv = 0);
+//  * e' and e_f add 15 u (S + 0.52 d (alpha + beta)) through the codes, A - a adds 16 u S;
+//  * the kernels evaluate u_t = fl(fl(fma(beta', float(dot2), c')) + min(h', fl(n' byte_t)))
+//    with beta' = float(scale beta): beta', float(dot2), the fma and the final sum err by
+//    at most u (4.02 scale beta |dot2| + 2 |c'| + h'), with
+//    beta |dot2| <= alpha |dot| + beta |dot_f| <= 15 S + 15.4 d alpha;
 // in all at most u (3 ceil(d/16) + 8.1) MAG, MAG = P + 24 S + 12 d alpha (checked term by
-// term: 8.5 (3 ceil(d/16) + 8.1) >= 91.8 for S, 4.2 (...) >= 38 for d alpha). c' adds
-// (3 ceil(d/16) + 12) 2^-23 MAG, twice that: the rest covers the double roundings of
-// finish_prep and of the reference's exact score, and the inflation factors below. MAG
+// term: 8.5 (3 ceil(d/16) + 8.1) >= 91.8 for S; 11.9 (...) >= 7.9 + 61.9 for d alpha). When
+// inv_f = 0 (alpha < 2^7 FLT_MIN) every r_f is 0: M's d alpha term is 7.8 and
+// beta |dot2| = alpha |dot| <= 15 S + 7.5 d alpha, the single plane's 4.2 (...) >= 38.
+// c' adds (3 ceil(d/16) + 12) 2^-23 MAG, twice that: the rest covers the double roundings
+// of finish_prep and of the reference's exact score, and the inflation factors below. MAG
 // comes from the tree sum of m, inflated like the other non-negative sums (s, q2, m carry
 // at most ceil(d/16) + 7 roundings of their own terms: factor 1 + (ceil(d/16) + 8) 2^-23).
 // Subnormal results: a product or fma rounding of a result r errs by at most
 // u |r| + min(2^-150, |r|), and d max|q| (max|lo| + 32 max|st|) bounds every |r| of the
-// sums (d (max|q| max|st|)^2 those of q2; exact maxima, per block and query), so (34 d + 48)
-// min(2^-150, that) covers C before the scale, and is 0 when the query or the block is 0:
-// a softmax scale beyond float's range then still gives finite bounds; (2048 d + 16) 2^-149
-// covers the epilogue after it (alpha' times |dot| <= 1905 d). h' >= scale S / 2,
-// n' (1 - u) >= scale ||a|| rho_step (rho_step inflated by 2^-20), and every constant is
-// rounded up to float (scan_round_up). u_t >= s_t in exact arithmetic.
+// sums (d (max|q| max|st|)^2 those of q2; exact maxima, per block and query), so (49 d + 48)
+// min(2^-150, that) covers C before the scale (15 d of it for e_f), and is 0 when the
+// query or the block is 0: a softmax scale beyond float's range then still gives finite
+// bounds; (2^18 d + 16) 2^-149 covers the epilogue after it (beta' times
+// |dot2| <= 244830 d). h' >= scale S / 2, n' (1 - u) >= scale ||a|| rho_step (rho_step
+// inflated by 2^-20), and every constant is rounded up to float (scan_round_up).
+// u_t >= s_t in exact arithmetic.
 //
 // Bit-identity across kernels: the lane sums use the same operations in the same order
 // in every kernel (16 float lanes: one AVX-512 register, two AVX2 registers, or arrays)
@@ -79,7 +93,7 @@ static_assert(kBlockTokens % kGroupTokens == 0);
 inline constexpr std::size_t kPrepLanes = 16;
 
 struct block_query_prep {  // (standard layout: finish_prep_avx512 loads 4 floats at once)
-  float alpha = 0.0f;   // scale * alpha, multiplies float(dot)
+  float alpha = 0.0f;   // beta' = scale * alpha * 2^-7, multiplies float(dot2)
   float offset = 0.0f;  // scale * (C + margin), rounded up
   float holder = 0.0f;  // scale * sum |a| / 2, rounded up
   float norm = 0.0f;    // scale * ||a|| * rho step, rounded up: multiplies the rho byte
@@ -141,7 +155,7 @@ struct scan_constants {
   double margin = 0.0;    // times MAG: the relative rounding margin of c'
   double alpha_mag = 0.0; // 12 d: MAG's alpha term
   double ops_sum = 0.0;   // roundings that may be subnormal in p (and m), and in q2
-  double ops_c = 0.0;     // in C (with the factors 16 and 15 of A - a and e')
+  double ops_c = 0.0;     // in C (with the factors 16 and 15 of A - a, e' and e_f)
   double abs_u = 0.0;     // subnormal errors of the kernels' float epilogue, scaled
   double norm_step = 0.0; // rho_step, inflated for the kernel's product n' * byte
 };
@@ -156,8 +170,8 @@ inline scan_constants make_scan_constants(std::size_t padded_dim, double scale) 
   k.margin = (3.0 * n16 + 12.0) * 0x1p-23;
   k.alpha_mag = 12.0 * d;
   k.ops_sum = d + 16.0;
-  k.ops_c = 34.0 * d + 48.0;
-  k.abs_u = (2048.0 * d + 16.0) * 0x1p-149;
+  k.ops_c = 49.0 * d + 48.0;
+  k.abs_u = (262144.0 * d + 16.0) * 0x1p-149;
   k.norm_step = rho_step(padded_dim) * (1.0 + 0x1p-20);
   return k;
 }
@@ -180,6 +194,15 @@ inline float scan_inverse(float amax, float alpha) noexcept {
   return alpha >= FLT_MIN ? 127.0f / amax : 0.0f;
 }
 
+/// The second plane: its step beta = alpha 2^-7 (exact) and the factor that quantizes
+/// the first plane's remainder, inv_f = fl(128 / alpha), or 0 when beta < FLT_MIN (every
+/// r_f is then 0 and e_f = e'). The kernels add the planes' dots as 128 dot + dot_f.
+inline constexpr float kFineStep = 0x1p-7f;
+inline constexpr std::int32_t kFineShift = 7;  // 128 = 1 / kFineStep
+inline float scan_fine_inverse(float alpha) noexcept {
+  return alpha * kFineStep >= FLT_MIN ? 128.0f / alpha : 0.0f;
+}
+
 /// Shared ending of the preparation, from the tree sums to the kernels' constants (see the
 /// header comment), in double. Every product that feeds a sum is an explicit fma or
 /// exact, so the AVX-512 twin (finish_prep_avx512, four queries per register) gives the
@@ -198,7 +221,7 @@ inline void finish_prep_one(block_query_prep& p, const scan_constants& k,
   const double mag_up = std::fma(k.alpha_mag, a, std::fma(k.ops_sum, sub, double(p.sum_m)) * k.rel);
   const double c_up = double(p.sum_c) + std::fma(k.margin, mag_up, k.ops_c * sub);
   const double n_up = std::sqrt(std::fma(k.ops_sum, sub2, double(p.sum_q2)) * k.rel);
-  p.alpha = static_cast<float>(k.scale * a);
+  p.alpha = static_cast<float>((k.scale * a) * double(kFineStep));  // beta'
   p.offset = scan_round_up(std::fma(k.scale, c_up, k.abs_u));
   p.holder = scan_round_up(k.scale * (0.5 * s_up));
   p.norm = scan_round_up((k.scale * n_up) * k.norm_step);
@@ -210,13 +233,13 @@ inline void finish_prep(block_query_prep* prep, std::size_t n, const scan_consta
 }
 
 /// Prepares one block for one query q (padded_dim floats, padded channels 0): writes its
-/// int8 query, channel 8 o + j at qa[o * qa_stride + j] (the kernels' octet-major layout:
-/// the nq queries' 8 bytes of an octet side by side, qa_stride = 8 nq), and alpha and the
-/// tree sums into out (finish_prep() does the rest). The plain definition the vector
-/// preparations match bit for bit.
+/// two int8 planes, channel 8 o + j at qa[o * qa_stride + j] and qf[o * qa_stride + j]
+/// (the kernels' octet-major layout: the nq queries' 8 bytes of an octet side by side,
+/// qa_stride = 8 nq), and alpha and the tree sums into out (finish_prep() does the rest).
+/// The plain definition the vector preparations match bit for bit.
 inline void prepare_block_query(const float* lo, const float* st, const float* q,
-                                std::size_t padded_dim, std::int8_t* qa, std::size_t qa_stride,
-                                block_query_prep& out) noexcept {
+                                std::size_t padded_dim, std::int8_t* qa, std::int8_t* qf,
+                                std::size_t qa_stride, block_query_prep& out) noexcept {
   constexpr std::size_t L = kPrepLanes;
   float ca[L] = {}, cb[L] = {}, s[L] = {}, q2[L] = {}, p[L] = {}, ce[L] = {};
   float amax = 0.0f;
@@ -233,13 +256,18 @@ inline void prepare_block_query(const float* lo, const float* st, const float* q
   }
   const float alpha = scan_alpha(amax);
   const float inv = scan_inverse(amax, alpha);
+  const float beta = alpha * kFineStep, inv_f = scan_fine_inverse(alpha);
   for (std::size_t i = 0; i < padded_dim; ++i) {
     const float a = q[i] * st[i];
     const float y = std::fma(a, inv, kScanRound);  // kScanRound + RNE(a inv)
     const float r = y - kScanRound;
-    qa[i / 8 * qa_stride + i % 8] = static_cast<std::int8_t>(r);
     const float e = std::fma(-alpha, r, a);
-    ce[i % L] += e > 0.0f ? e : 0.0f;
+    const float yf = std::fma(e, inv_f, kScanRound);  // the remainder's plane
+    const float rf = yf - kScanRound;
+    const float ef = std::fma(-beta, rf, e);
+    qa[i / 8 * qa_stride + i % 8] = static_cast<std::int8_t>(r);
+    qf[i / 8 * qa_stride + i % 8] = static_cast<std::int8_t>(rf);
+    ce[i % L] += ef > 0.0f ? ef : 0.0f;
   }
   float c[L], m[L];
   for (std::size_t l = 0; l < L; ++l) {
@@ -253,13 +281,25 @@ inline void prepare_block_query(const float* lo, const float* st, const float* q
   out.sum_m = scan_tree16(m);
 }
 
-/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa octet-major,
-/// 8 nq bytes per octet).
+/// The int8 queries of a block: the first plane of the nq queries ([nq * padded_dim]
+/// bytes, octet-major), then the second (fine_plane()).
+inline std::int8_t* fine_plane(std::int8_t* qa, std::size_t nq, std::size_t padded_dim) noexcept {
+  return qa + nq * padded_dim;
+}
+inline const std::int8_t* fine_plane(const std::int8_t* qa, std::size_t nq,
+                                     std::size_t padded_dim) noexcept {
+  return qa + nq * padded_dim;
+}
+
+/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa: both planes,
+/// 2 nq padded_dim bytes).
 inline void prepare_block_queries(const float* lo, const float* st, const float* q,
                                   std::size_t padded_dim, std::size_t nq, std::int8_t* qa,
                                   block_query_prep* out) noexcept {
+  std::int8_t* qf = fine_plane(qa, nq, padded_dim);
   for (std::size_t g = 0; g < nq; ++g)
-    prepare_block_query(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, 8 * nq, out[g]);
+    prepare_block_query(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, qf + 8 * g, 8 * nq,
+                        out[g]);
 }
 
 }  // namespace certattn::detail

@@ -1,6 +1,7 @@
 // AVX2 4-bit scan (no VNNI): _mm256_maddubs_epi16 multiplies unsigned codes by the int8
 // query and adds pairs (at most 2 * 15 * 127 = 3810: no saturation), _mm256_madd_epi16
-// with ones adds the pairs into 32-bit lanes: the same exact integer dot as dpbusd.
+// with ones adds the pairs into 32-bit lanes: the same exact integer dot as dpbusd, for
+// each of the query's two int8 planes (arch/scan_prep.hpp), added as 128 dot + dot_f.
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
@@ -22,6 +23,7 @@ namespace certattn::detail::avx2 {
 template <int NQ>
 CERTATTN_TARGET_AVX2 inline void scan_heads(const std::uint8_t* codes, const std::uint8_t* rho,
                                             std::size_t n_oct, const std::int8_t* qa,
+                                            const std::int8_t* qf,
                                             std::size_t qa_stride, const block_query_prep* prep,
                                             float* u, std::size_t u_stride, std::size_t valid,
                                             float* bmax, std::size_t bmax_stride) noexcept {
@@ -35,9 +37,10 @@ CERTATTN_TARGET_AVX2 inline void scan_heads(const std::uint8_t* codes, const std
   const std::size_t block_bytes = kGroupsPerBlock * n_oct * 64;
   for (std::size_t grp = 0; grp < kGroupsPerBlock; ++grp) {
     const std::uint8_t* c = codes + grp * n_oct * 64;
-    __m256i acc[NQ][2];
+    __m256i acc[NQ][2], acc_f[NQ][2];
     _Pragma("GCC unroll 8")
-    for (int g = 0; g < NQ; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
+    for (int g = 0; g < NQ; ++g)
+      acc[g][0] = acc[g][1] = acc_f[g][0] = acc_f[g][1] = _mm256_setzero_si256();
     for (std::size_t o = 0; o < n_oct; ++o) {
       for (int h = 0; h < 2; ++h) {
         const __m256i x =
@@ -55,6 +58,12 @@ CERTATTN_TARGET_AVX2 inline void scan_heads(const std::uint8_t* codes, const std
           const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(wh));
           acc[g][h] = _mm256_add_epi32(acc[g][h], _mm256_madd_epi16(pl, ones));
           acc[g][h] = _mm256_add_epi32(acc[g][h], _mm256_madd_epi16(ph, ones));
+          std::memcpy(&wl, qf + o * qa_stride + 8 * g, 4);
+          std::memcpy(&wh, qf + o * qa_stride + 8 * g + 4, 4);
+          const __m256i fl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(wl));
+          const __m256i fh = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(wh));
+          acc_f[g][h] = _mm256_add_epi32(acc_f[g][h], _mm256_madd_epi16(fl, ones));
+          acc_f[g][h] = _mm256_add_epi32(acc_f[g][h], _mm256_madd_epi16(fh, ones));
         }
       }
     }
@@ -68,9 +77,10 @@ CERTATTN_TARGET_AVX2 inline void scan_heads(const std::uint8_t* codes, const std
           _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes - 8 * h), iota));
       _Pragma("GCC unroll 8")
       for (int g = 0; g < NQ; ++g) {
-        const __m256 r =
-            _mm256_fmadd_ps(_mm256_set1_ps(prep[g].alpha), _mm256_cvtepi32_ps(acc[g][h]),
-                            _mm256_set1_ps(prep[g].offset));
+        const __m256i dot2 =
+            _mm256_add_epi32(_mm256_slli_epi32(acc[g][h], kFineShift), acc_f[g][h]);
+        const __m256 r = _mm256_fmadd_ps(_mm256_set1_ps(prep[g].alpha), _mm256_cvtepi32_ps(dot2),
+                                         _mm256_set1_ps(prep[g].offset));
         const __m256 t = _mm256_min_ps(_mm256_set1_ps(prep[g].holder),
                                        _mm256_mul_ps(_mm256_set1_ps(prep[g].norm), rb));
         const __m256 v = _mm256_add_ps(r, t);
@@ -94,13 +104,14 @@ CERTATTN_TARGET_AVX2 inline void scan_block(const std::uint8_t* codes, const std
                                             float* u, std::size_t u_stride, std::size_t valid,
                                             float* bmax, std::size_t bmax_stride) noexcept {
   const std::size_t n_oct = padded_dim / 8;
+  const std::int8_t* qf = fine_plane(qa, nq, padded_dim);
   std::size_t g = 0;
   for (; g + 2 <= nq; g += 2)
-    scan_heads<2>(codes, rho, n_oct, qa + 8 * g, 8 * nq, prep + g, u + g * u_stride, u_stride,
-                  valid, bmax + g * bmax_stride, bmax_stride);
+    scan_heads<2>(codes, rho, n_oct, qa + 8 * g, qf + 8 * g, 8 * nq, prep + g, u + g * u_stride,
+                  u_stride, valid, bmax + g * bmax_stride, bmax_stride);
   if (g < nq)
-    scan_heads<1>(codes, rho, n_oct, qa + 8 * g, 8 * nq, prep + g, u + g * u_stride, u_stride,
-                  valid, bmax + g * bmax_stride, bmax_stride);
+    scan_heads<1>(codes, rho, n_oct, qa + 8 * g, qf + 8 * g, 8 * nq, prep + g, u + g * u_stride,
+                  u_stride, valid, bmax + g * bmax_stride, bmax_stride);
 }
 
 /// Lane sums of prepare_block_query() (arch/scan_prep.hpp): lanes 0..7 in [0], 8..15 in [1].
@@ -121,15 +132,22 @@ CERTATTN_TARGET_AVX2 __attribute__((always_inline)) inline void prep_pass1(
   x.p[h] = _mm256_add_ps(x.p[h], _mm256_andnot_ps(sign, _mm256_mul_ps(q, lo)));
 }
 
-/// Quantizes 8 channels: returns the int32 codes r, adds max(e', 0) to ce.
-CERTATTN_TARGET_AVX2 __attribute__((always_inline)) inline __m256i prep_pass2(
-    prep_lanes& x, int h, __m256 q, __m256 st, __m256 alpha, __m256 inv) noexcept {
+/// Quantizes 8 channels to both planes: the int32 codes r and r_f; adds max(e_f, 0) to ce.
+struct plane_codes {
+  __m256i r, r_f;
+};
+CERTATTN_TARGET_AVX2 __attribute__((always_inline)) inline plane_codes prep_pass2(
+    prep_lanes& x, int h, __m256 q, __m256 st, __m256 alpha, __m256 inv, __m256 beta,
+    __m256 inv_f) noexcept {
   const __m256 a = _mm256_mul_ps(q, st);
   const __m256 round = _mm256_set1_ps(kScanRound);
   const __m256 r = _mm256_sub_ps(_mm256_fmadd_ps(a, inv, round), round);  // RNE(a inv)
   const __m256 e = _mm256_fnmadd_ps(alpha, r, a);
-  x.ce[h] = _mm256_add_ps(x.ce[h], _mm256_max_ps(e, _mm256_setzero_ps()));
-  return _mm256_cvtps_epi32(r);  // exact: r is an integer in [-127, 127]
+  const __m256 rf = _mm256_sub_ps(_mm256_fmadd_ps(e, inv_f, round), round);  // RNE(e inv_f)
+  const __m256 ef = _mm256_fnmadd_ps(beta, rf, e);
+  x.ce[h] = _mm256_add_ps(x.ce[h], _mm256_max_ps(ef, _mm256_setzero_ps()));
+  // exact: integers in [-127, 127]
+  return {_mm256_cvtps_epi32(r), _mm256_cvtps_epi32(rf)};
 }
 
 /// 8 int32 in [-127, 127] to 8 bytes.
@@ -151,7 +169,8 @@ CERTATTN_TARGET_AVX2 inline __m256 tree8x2(__m256 b0, __m256 b1) noexcept {
 /// same order and the same tree, hence the same bits.
 CERTATTN_TARGET_AVX2 inline void prepare_block_query_avx2(const float* lo, const float* st,
                                                           const float* q, std::size_t padded_dim,
-                                                          std::int8_t* qa, std::size_t qa_stride,
+                                                          std::int8_t* qa, std::int8_t* qf,
+                                                          std::size_t qa_stride,
                                                           block_query_prep& out) noexcept {
   const std::size_t n8 = padded_dim / 8;  // lane halves: half j % 2 of vector j / 2
   const __m256 zero = _mm256_setzero_ps();
@@ -169,9 +188,13 @@ CERTATTN_TARGET_AVX2 inline void prepare_block_query_avx2(const float* lo, const
   const float alpha = scan_alpha(amax);
   const float inv = scan_inverse(amax, alpha);
   const __m256 va = _mm256_set1_ps(alpha), vi = _mm256_set1_ps(inv);
-  for (std::size_t j = 0; j < n8; ++j)
-    store_qa8(qa + j * qa_stride, prep_pass2(x, int(j % 2), _mm256_loadu_ps(q + 8 * j),
-                                             _mm256_loadu_ps(st + 8 * j), va, vi));
+  const __m256 vb = _mm256_set1_ps(alpha * kFineStep), vf = _mm256_set1_ps(scan_fine_inverse(alpha));
+  for (std::size_t j = 0; j < n8; ++j) {
+    const plane_codes r = prep_pass2(x, int(j % 2), _mm256_loadu_ps(q + 8 * j),
+                                     _mm256_loadu_ps(st + 8 * j), va, vi, vb, vf);
+    store_qa8(qa + j * qa_stride, r.r);
+    store_qa8(qf + j * qa_stride, r.r_f);
+  }
   __m256 c[2], m[2];
   for (int h = 0; h < 2; ++h) {
     c[h] = _mm256_fmadd_ps(x.ce[h], _mm256_set1_ps(15.0f), _mm256_add_ps(x.ca[h], x.cb[h]));
@@ -187,15 +210,17 @@ CERTATTN_TARGET_AVX2 inline void prepare_block_query_avx2(const float* lo, const
   out.sum_m = t1[4];
 }
 
-/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa octet-major,
-/// 8 nq bytes per octet).
+/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa: both planes,
+/// each octet-major, 8 nq bytes per octet).
 CERTATTN_TARGET_AVX2 inline void prepare_block_queries_avx2(const float* lo, const float* st,
                                                             const float* q,
                                                             std::size_t padded_dim,
                                                             std::size_t nq, std::int8_t* qa,
                                                             block_query_prep* out) noexcept {
+  std::int8_t* qf = fine_plane(qa, nq, padded_dim);
   for (std::size_t g = 0; g < nq; ++g)
-    prepare_block_query_avx2(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, 8 * nq, out[g]);
+    prepare_block_query_avx2(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, qf + 8 * g,
+                             8 * nq, out[g]);
 }
 
 }  // namespace certattn::detail::avx2

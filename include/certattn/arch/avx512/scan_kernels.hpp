@@ -1,7 +1,9 @@
 // AVX-512 VNNI 4-bit scan: one 64-byte load holds 4 channels (low nibbles) and the next 4
 // (high nibbles) of 16 tokens, one token per 32-bit lane; vpdpbusd multiplies the unsigned
 // codes by the broadcast int8 query and sums each lane's 4 products, so no horizontal sum
-// is needed. Codes are loaded once per chunk of up to 4 queries; each query's block
+// is needed; each query has two int8 planes (the second carries the first's rounding,
+// arch/scan_prep.hpp), added as 128 dot + dot_f. Codes are loaded once per chunk of up to
+// 4 queries; each query's block
 // maximum is kept in a register over the block's 8 groups. The preparation (a = q st,
 // int8 quantisation, lane sums) runs two queries at a time in 16 float lanes, and its
 // double ending four queries at a time (arch/scan_prep.hpp: the same bits as the others).
@@ -37,12 +39,13 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline __m512i dpbusd_bcas
 /// bmax[g * bmax_stride] = max of u over its first `valid` tokens (the pool's). qa holds
 /// the NQ queries' bytes of channel octet o at qa + o * qa_stride + 8 g. The codes are
 /// read in order (one stream: interleaving groups defeats the hardware prefetcher), and
-/// each query has 2 NS accumulators (low and high nibbles, NS octets in turn): the
-/// 2 NS NQ dpbusd chains hide its 4-cycle latency (about two issue per cycle on Zen 4).
+/// each query has 4 NS accumulators (low and high nibbles of both planes, NS octets in
+/// turn): the 4 NS NQ dpbusd chains hide its 4-cycle latency (about two issue per cycle
+/// on Zen 4). The second plane's bytes are at qf, with the first's layout.
 template <int NQ, int NS>
 CERTATTN_TARGET_AVX512 inline void scan_heads(const std::uint8_t* codes, const std::uint8_t* rho,
                                               std::size_t n_oct, const std::int8_t* qa,
-                                              std::size_t qa_stride,
+                                              const std::int8_t* qf, std::size_t qa_stride,
                                               const block_query_prep* prep, float* u,
                                               std::size_t u_stride, std::size_t valid,
                                               float* bmax, std::size_t bmax_stride) noexcept {
@@ -53,12 +56,14 @@ CERTATTN_TARGET_AVX512 inline void scan_heads(const std::uint8_t* codes, const s
   const std::size_t block_bytes = kGroupsPerBlock * n_oct * 64;
   const std::uint8_t* c = codes;
   for (std::size_t grp = 0; grp < kGroupsPerBlock; ++grp) {
-    __m512i acc[NQ][NS][2];
+    __m512i acc[NQ][NS][2], acc_f[NQ][NS][2];
     _Pragma("GCC unroll 8")
     for (int g = 0; g < NQ; ++g)
       _Pragma("GCC unroll 8")
-      for (int k = 0; k < NS; ++k) acc[g][k][0] = acc[g][k][1] = _mm512_setzero_si512();
+      for (int k = 0; k < NS; ++k)
+        acc[g][k][0] = acc[g][k][1] = acc_f[g][k][0] = acc_f[g][k][1] = _mm512_setzero_si512();
     const std::int8_t* w = qa;
+    const std::int8_t* wf = qf;
     std::size_t o = 0;
     auto octet = [&](int k) CERTATTN_TARGET_AVX512 {
       __m512i x = _mm512_loadu_si512(c);
@@ -71,9 +76,12 @@ CERTATTN_TARGET_AVX512 inline void scan_heads(const std::uint8_t* codes, const s
       for (int g = 0; g < NQ; ++g) {
         acc[g][k][0] = dpbusd_bcast(acc[g][k][0], lo, w + 8 * g);
         acc[g][k][1] = dpbusd_bcast(acc[g][k][1], hi, w + 8 * g + 4);
+        acc_f[g][k][0] = dpbusd_bcast(acc_f[g][k][0], lo, wf + 8 * g);
+        acc_f[g][k][1] = dpbusd_bcast(acc_f[g][k][1], hi, wf + 8 * g + 4);
       }
       c += 64;
       w += qa_stride;
+      wf += qa_stride;
     };
     for (; o + NS <= n_oct; o += NS) {
       _Pragma("GCC unroll 8")
@@ -89,9 +97,13 @@ CERTATTN_TARGET_AVX512 inline void scan_heads(const std::uint8_t* codes, const s
     _Pragma("GCC unroll 8")
     for (int g = 0; g < NQ; ++g) {
       __m512i dot = _mm512_add_epi32(acc[g][0][0], acc[g][0][1]);
+      __m512i dot_f = _mm512_add_epi32(acc_f[g][0][0], acc_f[g][0][1]);
       _Pragma("GCC unroll 8")
-      for (int k = 1; k < NS; ++k)
+      for (int k = 1; k < NS; ++k) {
         dot = _mm512_add_epi32(dot, _mm512_add_epi32(acc[g][k][0], acc[g][k][1]));
+        dot_f = _mm512_add_epi32(dot_f, _mm512_add_epi32(acc_f[g][k][0], acc_f[g][k][1]));
+      }
+      dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), dot_f);  // 128 dot + dot_f
       const __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(prep[g].alpha), _mm512_cvtepi32_ps(dot),
                                        _mm512_set1_ps(prep[g].offset));
       const __m512 t = _mm512_min_ps(_mm512_set1_ps(prep[g].holder),
@@ -112,9 +124,10 @@ CERTATTN_TARGET_AVX512 inline void scan_block(const std::uint8_t* codes, const s
                                               float* u, std::size_t u_stride, std::size_t valid,
                                               float* bmax, std::size_t bmax_stride) noexcept {
   const std::size_t n_oct = padded_dim / 8;
+  const std::int8_t* qf = fine_plane(qa, nq, padded_dim);
 #define CERTATTN_SCAN_HEADS(N, NS)                                                             \
-  scan_heads<N, NS>(codes, rho, n_oct, qa + 8 * g, 8 * nq, prep + g, u + g * u_stride,          \
-                    u_stride, valid, bmax + g * bmax_stride, bmax_stride)
+  scan_heads<N, NS>(codes, rho, n_oct, qa + 8 * g, qf + 8 * g, 8 * nq, prep + g,               \
+                    u + g * u_stride, u_stride, valid, bmax + g * bmax_stride, bmax_stride)
   std::size_t g = 0;
   for (; g + 4 <= nq; g += 4) CERTATTN_SCAN_HEADS(4, 1);
   switch (nq - g) {
@@ -150,7 +163,8 @@ CERTATTN_TARGET_AVX512 inline __m512 tree16x4(__m512 v0, __m512 v1, __m512 v2,
 template <int NH>
 CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
     const float* lo, const float* st, const float* q, std::size_t q_stride, std::size_t n16,
-    bool half, std::int8_t* qa, std::size_t qa_stride, block_query_prep* out) noexcept {
+    bool half, std::int8_t* qa, std::int8_t* qf, std::size_t qa_stride,
+    block_query_prep* out) noexcept {
   const __m512 zero = _mm512_setzero_ps();
   __m512 amax[NH], ca[NH], cb[NH], s[NH], q2[NH], p[NH], ce[NH];
   _Pragma("GCC unroll 4")
@@ -176,13 +190,15 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
     }
   }
   float alpha[NH];
-  __m512 va[NH], vi[NH];
+  __m512 va[NH], vi[NH], vb[NH], vf[NH];
   _Pragma("GCC unroll 4")
   for (int h = 0; h < NH; ++h) {
     const float m = _mm512_reduce_max_ps(amax[h]);
     alpha[h] = scan_alpha(m);
     va[h] = _mm512_set1_ps(alpha[h]);
     vi[h] = _mm512_set1_ps(scan_inverse(m, alpha[h]));
+    vb[h] = _mm512_set1_ps(alpha[h] * kFineStep);
+    vf[h] = _mm512_set1_ps(scan_fine_inverse(alpha[h]));
   }
   const __m512 round = _mm512_set1_ps(kScanRound);
   _Pragma("GCC unroll 16")
@@ -195,11 +211,18 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
       const __m512 y = _mm512_fmadd_ps(a, vi[h], round);
       const __m512 r = _mm512_sub_ps(y, round);
       const __m512 e = _mm512_fnmadd_ps(va[h], r, a);
-      ce[h] = _mm512_add_ps(ce[h], _mm512_max_ps(e, zero));
+      // The second plane: y_f = round + RNE(e inv_f), e_f = e - beta r_f.
+      const __m512 yf = _mm512_fmadd_ps(e, vf[h], round);
+      const __m512 ef = _mm512_fnmadd_ps(vb[h], _mm512_sub_ps(yf, round), e);
+      ce[h] = _mm512_add_ps(ce[h], _mm512_max_ps(ef, zero));
+      const std::size_t at = 8 * h + 2 * j * qa_stride;
+      const bool full = !(half && j + 1 == n16);
       const __m128 b = _mm_castsi128_ps(_mm512_cvtepi32_epi8(_mm512_castps_si512(y)));
-      std::int8_t* dst = qa + 8 * h + 2 * j * qa_stride;
-      _mm_storel_pi(reinterpret_cast<__m64*>(dst), b);
-      if (!(half && j + 1 == n16)) _mm_storeh_pi(reinterpret_cast<__m64*>(dst + qa_stride), b);
+      _mm_storel_pi(reinterpret_cast<__m64*>(qa + at), b);
+      if (full) _mm_storeh_pi(reinterpret_cast<__m64*>(qa + at + qa_stride), b);
+      const __m128 bf = _mm_castsi128_ps(_mm512_cvtepi32_epi8(_mm512_castps_si512(yf)));
+      _mm_storel_pi(reinterpret_cast<__m64*>(qf + at), bf);
+      if (full) _mm_storeh_pi(reinterpret_cast<__m64*>(qf + at + qa_stride), bf);
     }
   }
   _Pragma("GCC unroll 4")
@@ -219,28 +242,30 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
 template <int NH>
 CERTATTN_TARGET_AVX512 inline void prep_heads(const float* lo, const float* st, const float* q,
                                               std::size_t padded_dim, std::int8_t* qa,
-                                              std::size_t qa_stride,
+                                              std::int8_t* qf, std::size_t qa_stride,
                                               block_query_prep* out) noexcept {
   switch (padded_dim) {  // the common head dims with a compile-time vector count
-    case 64: return prep_body<NH>(lo, st, q, padded_dim, 4, false, qa, qa_stride, out);
-    case 128: return prep_body<NH>(lo, st, q, padded_dim, 8, false, qa, qa_stride, out);
+    case 64: return prep_body<NH>(lo, st, q, padded_dim, 4, false, qa, qf, qa_stride, out);
+    case 128: return prep_body<NH>(lo, st, q, padded_dim, 8, false, qa, qf, qa_stride, out);
     default:
       return prep_body<NH>(lo, st, q, padded_dim, (padded_dim + 15) / 16, padded_dim % 16 != 0,
-                           qa, qa_stride, out);
+                           qa, qf, qa_stride, out);
   }
 }
 
-/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa octet-major,
-/// 8 nq bytes per octet): pairs of queries at once (their chains interleave).
+/// The preparation of one block for nq queries (q: [nq][padded_dim]; qa: both planes, each
+/// octet-major, 8 nq bytes per octet): pairs of queries at once (their chains interleave).
 CERTATTN_TARGET_AVX512 inline void prepare_block_queries_avx512(const float* lo, const float* st,
                                                                 const float* q,
                                                                 std::size_t padded_dim,
                                                                 std::size_t nq, std::int8_t* qa,
                                                                 block_query_prep* out) noexcept {
+  std::int8_t* qf = fine_plane(qa, nq, padded_dim);
   std::size_t g = 0;
   for (; g + 2 <= nq; g += 2)
-    prep_heads<2>(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, 8 * nq, out + g);
-  if (g < nq) prep_heads<1>(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, 8 * nq, out + g);
+    prep_heads<2>(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, qf + 8 * g, 8 * nq, out + g);
+  if (g < nq)
+    prep_heads<1>(lo, st, q + g * padded_dim, padded_dim, qa + 8 * g, qf + 8 * g, 8 * nq, out + g);
 }
 
 /// finish_prep() for four queries per register: the same double operations in the same
@@ -281,7 +306,8 @@ CERTATTN_TARGET_AVX512 inline void finish_prep_avx512(block_query_prep* prep, st
       return _mm256_cvtpd_ps(_mm256_add_pd(_mm256_fmadd_pd(ax, _mm256_set1_pd(0x1p-22), x),
                                            _mm256_set1_pd(0x1p-149)));
     };
-    __m128 o0 = _mm256_cvtpd_ps(_mm256_mul_pd(scale, a));
+    __m128 o0 = _mm256_cvtpd_ps(  // beta'
+        _mm256_mul_pd(_mm256_mul_pd(scale, a), _mm256_set1_pd(double(kFineStep))));
     __m128 o1 = round_up(_mm256_fmadd_pd(scale, c_up, _mm256_set1_pd(k.abs_u)));
     __m128 o2 = round_up(_mm256_mul_pd(scale, _mm256_mul_pd(_mm256_set1_pd(0.5), s_up)));
     __m128 o3 =
