@@ -8,31 +8,31 @@
 //   perturbations  E_up >= E_i for every pool key (with the value-aware offsets)
 //   max score      c = exact maximum over the keys whose bound can reach the best lower
 //                  bound, per head; then the window's value sums of all heads in one pass
-//   heads          per head: candidates (pool keys whose perturbed bound can reach the
-//                  deepest level, bucketed by earliest level), then the level loop: new
-//                  candidates refined with 8-bit codes, then exact 16-bit keys; heavy,
-//                  light or out; Horvitz-Thompson sums; the certificate of
-//                  docs/certificate.md
+//   heads          per head: answer_head() runs the head's level loop (level_loop.hpp:
+//                  candidates bucketed by earliest level, 8-bit refinement, exact keys,
+//                  heavy, light or out, the certificate of docs/certificate.md), or
+//                  answers it exactly without a pool, or queues it for the exact pass
 //   exact answers  one dense pass for the heads no level certified (or over budget)
 //   accounting     bytes read, and what the group's history keeps
-// It computes exactly the samples of reference_attend() (same perturbations, same scores
-// bit for bit, same sets) while reading a small fraction of the cache. A variant
-// (options::variant) enters as data of the call context: the sliding window moves the
-// pool's start, the scores go through head_variant::score(), the scan's bounds through
-// the same transform rounded up (arch/variant_kernels.hpp), and a sink is one more exact
-// term of value 0. Internal: use attend_group() (attend.hpp).
+// What every stage reads (call_context, the kernel table, row prefetches) is
+// call_context.hpp's. The call computes exactly the samples of reference_attend() (same
+// perturbations, same scores bit for bit, same sets) while reading a small fraction of
+// the cache. A variant (options::variant) enters as data of the call context: the sliding
+// window moves the pool's start, the scores go through head_variant::score(), the scan's
+// bounds through the same transform rounded up (arch/variant_kernels.hpp), and a sink is
+// one more exact term of value 0. Internal: use attend_group() (attend.hpp).
 #pragma once
 
-#include <certattn/arch/candidate_kernels.hpp>
 #include <certattn/arch/dispatch.hpp>
-#include <certattn/arch/refine_kernels.hpp>
 #include <certattn/arch/score_dot.hpp>
 #include <certattn/arch/variant_kernels.hpp>
+#include <certattn/call_context.hpp>
 #include <certattn/certificate.hpp>
 #include <certattn/dense.hpp>
 #include <certattn/history.hpp>
 #include <certattn/index.hpp>
 #include <certattn/layout.hpp>
+#include <certattn/level_loop.hpp>
 #include <certattn/options.hpp>
 #include <certattn/perturb.hpp>
 #include <certattn/rounding.hpp>
@@ -46,138 +46,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <numbers>
 #include <span>
-#include <vector>
-
-#include <certattn/arch/macros.hpp>
 
 namespace certattn::detail {
-
-/// The certified call's own kernels on one instruction set, chosen once per call from a
-/// table (select_attend_kernels(), as select_dense_kernel() chooses the dense kernel's), so
-/// that the stages call through it instead of branching on the ISA. The dot products, 8-bit
-/// refinements and value accumulations dispatch on `which` in their own headers
-/// (arch/score_dot.hpp, arch/refine_kernels.hpp).
-struct attend_kernels {
-  isa which = isa::kScalar;
-  void (*fill_exp1_upper)(std::uint64_t noise, std::size_t n, float* e) noexcept = nullptr;
-  void (*add_offsets_upper)(float* e, const float* off, std::size_t n) noexcept = nullptr;
-  std::size_t (*find_candidates)(const float* u, const float* e, std::size_t n,
-                                 const candidate_params& p, std::uint32_t* idx,
-                                 std::uint8_t* lvl) noexcept = nullptr;
-  float (*prepare_refine_block)(const float* q, const float* lo, const float* st,
-                                std::size_t padded_dim, float* a) noexcept = nullptr;
-};
-
-inline attend_kernels select_attend_kernels(isa which) noexcept {
-  attend_kernels k{which, &fill_exp1_upper_portable, &add_offsets_upper_portable,
-                   &find_candidates_portable, &prepare_refine_block};
-#if CERTATTN_X86
-  if (which == isa::kAvx512Vnni) {
-    k.fill_exp1_upper = &fill_exp1_upper_avx512;
-    k.add_offsets_upper = &add_offsets_upper_avx512;
-    k.find_candidates = &find_candidates_avx512;
-    k.prepare_refine_block = &prepare_refine_block_avx512;
-  }
-#endif
-  return k;
-}
-
-/// What one call fixes before its stages run, and every stage reads.
-struct call_context {
-  const options& user;                // the options as given (epsilon, routing, cost)
-  options opt;                        // on the shifted grid: levels 0..total_levels(),
-                                      // weights relative to c + shift (shifted_grid())
-  int top = 0;                        // user.top_halvings()
-  std::size_t group = 0, n = 0, d = 0, dp = 0;  // heads, tokens, head_dim, padded head_dim
-  std::size_t dv = 0;                 // value channels: d, or fewer for a latent cache
-  std::size_t key_bytes = 0;          // bytes of a key row
-  std::size_t value_bytes = 0;        // bytes a value row adds (0 when values alias keys)
-  std::size_t first = 0;              // the first token that attends (a sliding window's)
-  std::size_t pool_end = 0;           // the pool is [first, pool_end), the window after it
-  double scale = 0.0;                 // the softmax scale
-  perturbation pert;                  // this call's Exp(1) perturbations
-  std::span<const std::uint32_t> xs;  // the exact set inside the pool
-  value_radius radius;                // the index's value centre g and radius base
-  double center_norm = 0.0;           // ||g||
-  sampling_design design;             // how light keys are sampled (certificate.hpp)
-  const float* dist = nullptr;        // the index's ||v_t - g|| bounds, per token
-  attend_kernels kernels;
-  std::size_t budget = 0;             // sample_budget() of the group
-  std::span<const int> hints;         // [group] level hints, or empty
-
-  std::size_t window() const noexcept { return n - pool_end; }
-  /// Rows every head reads exactly: the window and the exact set.
-  std::size_t fixed_rows() const noexcept { return window() + xs.size(); }
-  /// The tokens that attend: what the dense kernel reads, and the cost model's unit.
-  std::size_t attended() const noexcept { return n - first; }
-  bool has_pool() const noexcept { return pool_end - first > xs.size(); }
-  /// Blocks [first_block(), pool_blocks()) hold the pool.
-  std::size_t first_block() const noexcept { return first / key_index::kBlockTokens; }
-  std::size_t pool_blocks() const noexcept {
-    return (pool_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens;
-  }
-  /// Head g's variant (scalars of options::variant).
-  head_variant head(std::size_t g) const noexcept { return head_variant_of(user.variant, g, n); }
-  /// True when scores are not scale q.k (soft-cap or position bias).
-  bool modified() const noexcept { return user.variant.modifies_scores(); }
-};
-
-/// The exact part of a head's estimate: window, exact set and heavy keys (level_sums'
-/// exact_weight and exact_sq; the vector sum lives in the workspace).
-struct exact_sums {
-  double weight = 0.0, sq = 0.0;
-  std::size_t heavy = 0;  // heavy pool keys (the window and exact set are not counted)
-  void add_heavy(double w, double v_sq) noexcept {
-    ++heavy;
-    weight += w;
-    sq += w * v_sq;
-  }
-};
-
-/// One sampled light key's terms in the certificate's sums: its weight kappa, exact weight
-/// w, ||v - g||^2 / rho, ||v - g||^2 and ||v||^2.
-struct light_term {
-  double kappa = 0.0, w = 0.0, per_reach = 0.0, centered_sq = 0.0, sq = 0.0;
-};
-
-/// The light keys' running sums (level_sums' light part without its vector): a key adds
-/// its terms when it is sampled light and removes them when it turns heavy, as
-/// FlashInfer's state_t merges and splits softmax states.
-struct light_sums {
-  std::size_t count = 0;
-  double sq = 0.0, mass = 0.0, h = 0.0, hw = 0.0, t = 0.0;
-  void add(const light_term& x) noexcept {
-    ++count;
-    sq += x.centered_sq;
-    mass += x.kappa;
-    h += x.kappa * x.per_reach;
-    hw += x.w * x.per_reach;
-    t += x.kappa * x.sq;
-  }
-  void remove(const light_term& x) noexcept {
-    --count;
-    sq -= x.centered_sq;
-    mass -= x.kappa;
-    h -= x.kappa * x.per_reach;
-    hw -= x.w * x.per_reach;
-    t -= x.kappa * x.sq;
-    if (count == 0) mass = h = hw = t = 0.0;  // no rounding residue where the sums are empty
-  }
-};
-
-/// One head's level loop: its running sums and what it read.
-struct head_state {
-  std::size_t g = 0;
-  head_variant hv;
-  exact_sums exact;
-  light_sums light;
-  std::size_t keys_read = 0, values_read = 0, refined = 0;
-  std::int32_t free_node = 0;
-  /// Heavy and sampled light pool keys: what the head spends of sample_budget().
-  std::size_t sample_size() const noexcept { return exact.heavy + light.count; }
-};
 
 /// What the heads of one call share as they are answered in order.
 struct group_progress {
@@ -186,30 +57,7 @@ struct group_progress {
 };
 
 /// The stages of the certified call (see the top of this file).
-struct attend_stages {
-  using node = attend_workspace::node;
-  // Candidates sit at random places in the cache: every pass over them prefetches this
-  // many rows ahead, so that the misses overlap instead of queueing.
-  static constexpr std::size_t kPrefetchAhead = 16;
-  static void prefetch_rows(const void* p, std::size_t bytes) noexcept {
-    const char* c = static_cast<const char*>(p);
-    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
-  }
-  /// Into L2 only: for rows known to be needed soon but not next (a later pass of this
-  /// level), so that their misses overlap the current pass without evicting its L1 data.
-  static void prefetch_rows_l2(const void* p, std::size_t bytes) noexcept {
-    const char* c = static_cast<const char*>(p);
-    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
-  }
-  static constexpr std::uint8_t kRefined = 1, kScored = 2;
-
-  /// acc += w (v - g) with g the value centre: the certificate's sums (level_sums).
-  template <class T>
-  static row_norms add_centered(const T* v, double w, double* acc, const call_context& cx,
-                                const attend_workspace& ws) noexcept {
-    return accumulate_centered_row(v, cx.dv, w, ws.center_.data(), acc, cx.kernels.which);
-  }
-
+struct attend_stages : row_access {
   // ---- the call, stage by stage -------------------------------------------------------
   template <kv_view KV>
   static void run(std::span<const float> queries, std::size_t group, const KV& kv,
@@ -520,7 +368,6 @@ struct attend_stages {
     cert = {};
     float* o = out.data() + g * cx.dv;
     bool done = false;
-    std::size_t candidates = 0;
     if (cx.user.route == routing::kAuto && progress.exact_count > 0 && cx.has_pool()) {
       cert.path = answer_path::kJoined;  // the exact pass reads every row anyway
     } else if (!cx.has_pool()) {  // window and exact set are everything
@@ -529,13 +376,13 @@ struct attend_stages {
     } else {
       // What this head may still sample.
       const std::size_t head_budget = cx.budget - std::min(progress.spent, cx.budget);
-      done = level_loop(kv, idx, queries + g * cx.d, cx, head_budget, st, candidates, o, cert,
-                        ws, clock);
+      head_loop<KV> loop(kv, idx, queries + g * cx.d, cx, ws, st);
+      done = loop.level_loop(head_budget, o, cert, clock);
       stats.sampled += st.sample_size();
       progress.spent += st.sample_size();
     }
     clock.lap(stats.stage_seconds[4]);
-    stats.candidates += cx.has_pool() ? candidates : 0;
+    stats.candidates += cx.has_pool() ? st.candidates : 0;
     finish_head(kv, cx, done, st, cert, progress, ws);
   }
 
@@ -590,361 +437,6 @@ struct attend_stages {
       cert.path = answer_path::kFallback;
     cert.exact = true;
     cert.level = -1;
-  }
-
-  /// The level loop of head st.g: levels from the coarsest, each one's new keys, then the
-  /// certificate; true when a level certified (o and cert filled), false when the head
-  /// goes to the exact pass (cert.path kOverBudget when its sample outgrew head_budget).
-  template <kv_view KV>
-  static bool level_loop(const KV& kv, const key_index& idx, const float* q,
-                         const call_context& cx, std::size_t head_budget, head_state& st,
-                         std::size_t& candidates, float* o, certificate& cert,
-                         attend_workspace& ws, stage_clock& clock) noexcept {
-    const options& opt = cx.opt;
-    const std::size_t g = st.g;
-    const float* qpad = ws.qpad_.data() + g * cx.dp;
-    const float* u = ws.u_.data() + g * ws.u_stride_;
-    const double c = ws.head_c_[g];
-    std::fill_n(ws.refine_ready_.begin(), cx.pool_blocks(), 0);
-    const int first_last = first_pass_levels(opt);
-    candidates = bucket_candidates(u, c, 0, first_last, cx, ws);
-    clock.lap(ws.stats_.stage_seconds[3]);
-    start_sums(g, cx, st, ws);
-    const int hint = cx.hints.empty() ? -1 : cx.hints[g];
-    for (int j = 0; j <= opt.max_levels; ++j) {
-      if (j == first_last + 1) {  // the deeper levels' candidates, now needed
-        candidates += bucket_candidates(u, c, j, opt.max_levels, cx, ws);
-        clock.lap(ws.stats_.stage_seconds[3]);
-      }
-      // New candidates of this level, then keys deferred to it, then light keys that
-      // turn heavy here.
-      process_level(kv, idx, q, qpad, c, j, cx, ws, st);
-      transitions(kv, j, c, cx, ws, st);
-      const double tau = tau_of(j, opt.grid_ratio);
-      const level_result lr =
-          certify(sums_of(st, tau, cx.dv, ws), cx.radius, cx.design, opt, j, hint,
-                  std::span<double>(ws.o_hat_.data(), cx.dv), std::span<double>(ws.c0_.data(), cx.dv));
-      if (lr.certified) {
-        for (std::size_t i = 0; i < cx.dv; ++i) o[i] = float(ws.o_hat_[i]);
-        fill_sampled_certificate(lr, j, tau, st, cx, ws, cert);
-        return true;
-      }
-      if (st.sample_size() > head_budget) {
-        cert.path = answer_path::kOverBudget;
-        return false;
-      }
-    }
-    return false;
-  }
-
-  /// Empty node lists; the exact part starts as the fixed rows' sums, the light part empty.
-  static void start_sums(std::size_t g, const call_context& cx, head_state& st,
-                         attend_workspace& ws) noexcept {
-    std::fill(ws.pending_head_.begin(), ws.pending_head_.end(), -1);
-    std::fill(ws.transition_head_.begin(), ws.transition_head_.end(), -1);
-    std::copy_n(ws.window_num_.begin() + std::ptrdiff_t(g * cx.dv), cx.dv, ws.exact_num_.begin());
-    std::fill(ws.light_sum_.begin(), ws.light_sum_.end(), 0.0);
-    st.exact.weight = ws.window_weight_[g];
-    st.exact.sq = ws.window_sq_[g];
-  }
-
-  /// The level's sums for the certificate.
-  static level_sums sums_of(const head_state& st, double tau, std::size_t dv,
-                            const attend_workspace& ws) noexcept {
-    level_sums s;
-    s.tau = tau;
-    s.exact_weight = st.exact.weight;
-    s.exact_num = std::span<const double>(ws.exact_num_.data(), dv);
-    s.exact_sq = st.exact.sq;
-    s.light_count = st.light.count;
-    s.light_sum = std::span<const double>(ws.light_sum_.data(), dv);
-    s.light_sq = st.light.sq;
-    s.light_mass = st.light.mass;
-    s.light_h = st.light.h;
-    s.light_hw = st.light.hw;
-    s.light_t = st.light.t;
-    return s;
-  }
-
-  static void fill_sampled_certificate(const level_result& lr, int level, double tau,
-                                       const head_state& st, const call_context& cx,
-                                       const attend_workspace& ws, certificate& cert) noexcept {
-    const std::size_t g = st.g;
-    const double c = ws.head_c_[g], cmax = ws.head_max_[g];
-    cert.certified = true;
-    cert.level = level;
-    cert.tau = unshift(tau, c, cmax, cx.top);  // relative to the largest weight
-    cert.bound = lr.bound;
-    cert.beta = lr.beta;
-    cert.scale_value = lr.scale_value;
-    cert.max_score = cmax;
-    cert.denominator = unshift(lr.d_hat, c, cmax, cx.top);
-    cert.heavy = st.exact.heavy;
-    cert.sampled = st.light.count;
-  }
-
-  // ---- the level loop's parts ---------------------------------------------------------
-  /// Pool keys whose perturbed bound reaches ln tau_last, not already bucketed by an
-  /// earlier pass (levels below first), in buckets by earliest level.
-  static std::size_t bucket_candidates(const float* u, double c, int first, int last,
-                                       const call_context& cx, attend_workspace& ws) noexcept {
-    const options& opt = cx.opt;
-    candidate_params p;
-    p.c = std::nextafter(float(c), -INFINITY);  // below c: y only grows
-    // Each of the three float roundings errs by at most 2^-24 of its operand, all of
-    // which stay within |c| + 80 for any token that can reach ln tau_J >= -180; within
-    // |c| + 640 when E_up carries value-aware offsets (ln(rho / rho_bar) < 192 for float
-    // distances; an infinite one is stored as 2^64, and y then passes every threshold).
-    p.slack = float((std::fabs(c) + (cx.design.value_aware ? 1024.0 : 256.0)) * 0x1p-21);
-    p.threshold = float(ln_tau(last, opt.grid_ratio));
-    // A later pass keeps only what the earlier one (down to level first - 1) did not.
-    p.upper = first == 0 ? INFINITY : float(ln_tau(first - 1, opt.grid_ratio));
-    p.level_scale = float(-double(opt.grid_ratio) / std::numbers::ln2);
-    p.min_level = first;
-    p.max_level = last;
-    // From the first token that attends (indices relative to it, shifted back below).
-    const std::size_t t0 = cx.first;
-    const std::size_t m = cx.kernels.find_candidates(u + t0, ws.e_up_.data() + t0, cx.pool_end - t0,
-                                                     p, ws.cand_idx_.data(), ws.cand_lvl_.data());
-    // Counting sort by level (stable: tokens stay in order within a level).
-    const std::size_t J = std::size_t(opt.max_levels);
-    std::uint32_t* start = ws.bucket_start_.data();
-    std::fill(start, start + J + 3, 0u);
-    for (std::size_t i = 0; i < m; ++i) ++start[ws.cand_lvl_[i] + 1];
-    for (std::size_t j = 1; j <= J + 1; ++j) start[j] += start[j - 1];
-    // start[j] is now the beginning of bucket j; scatter with start[j] as the cursor.
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::size_t j = ws.cand_lvl_[i];
-      ws.bucket_[start[j]++] = ws.cand_idx_[i] + std::uint32_t(t0);
-    }
-    // Shift back: after the scatter, start[j] is the end of bucket j = start of j + 1.
-    for (std::size_t j = J + 1; j > 0; --j) start[j] = start[j - 1];
-    start[0] = 0;
-    return m;
-  }
-
-  /// Candidates are bucketed lazily: first the levels most calls stop within, the
-  /// deeper ones only when a call gets there (their buckets are empty until then).
-  static int first_pass_levels(const options& opt) noexcept {
-    return std::min(opt.max_levels, 3 * opt.max_levels / 4);
-  }
-
-  /// This head's 8-bit preparation of block b (see arch/refine_kernels.hpp), made on
-  /// first use: a = q st8 (returned) and the offset C8 + margin.
-  static const float* refine_block(const key_index& idx, std::size_t b, const float* qpad,
-                                   const call_context& cx, attend_workspace& ws) noexcept {
-    const std::size_t dp = idx.padded_dim();
-    float* a = ws.refine_a_.data() + b * dp;
-    if (!ws.refine_ready_[b]) {
-      ws.refine_offset_[b] =
-          cx.kernels.prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
-      ws.refine_ready_[b] = 1;
-    }
-    return a;
-  }
-
-  static std::int32_t push(attend_workspace& ws, head_state& st, std::vector<std::int32_t>& head,
-                           std::size_t level, std::uint32_t token, double score,
-                           std::uint8_t stage) noexcept {
-    const std::int32_t k = st.free_node++;
-    node& nd = ws.nodes_[std::size_t(k)];
-    nd.token = token;
-    nd.score = score;
-    nd.stage = stage;
-    nd.next = head[level];
-    head[level] = k;
-    return k;
-  }
-
-  /// Token t's terms as a light key with exact weight w (its value row's norms nv).
-  static light_term light_terms_of(std::size_t t, double w, const row_norms& nv,
-                                   const call_context& cx) noexcept {
-    const float dist = cx.dist[t];
-    light_term x;
-    x.kappa = cx.design.weight(dist);
-    x.w = w;
-    x.per_reach = per_reach(nv.centered_sq, cx.design.reach(dist));
-    x.centered_sq = nv.centered_sq;
-    x.sq = nv.sq;
-    return x;
-  }
-
-  /// A sampled key's value enters the sums: heavy (exact weight) or light (weight kappa,
-  /// and queued for the level at which it turns heavy).
-  template <kv_view KV>
-  static void include(const KV& kv, std::size_t t, double s, double c, int level, int heavy_level,
-                      const call_context& cx, attend_workspace& ws, head_state& st) noexcept {
-    const double w = std::exp(s - c);
-    ++st.values_read;
-    if (ws.record_) ws.recorded_[st.g].push_back({std::uint32_t(t), heavy_level});
-    if (heavy_level <= level) {
-      st.exact.add_heavy(w, add_centered(kv.value(t), w, ws.exact_num_.data(), cx, ws).sq);
-    } else {
-      const double kappa = cx.design.weight(cx.dist[t]);
-      const row_norms nv = add_centered(kv.value(t), kappa, ws.light_sum_.data(), cx, ws);
-      st.light.add(light_terms_of(t, w, nv, cx));
-      if (heavy_level <= cx.opt.max_levels)
-        push(ws, st, ws.transition_head_, std::size_t(heavy_level), std::uint32_t(t), s, kScored);
-    }
-  }
-
-  /// A key with exact score s at this level: sampled now (queued for its value), at a
-  /// later level (deferred), or never.
-  static void admit(std::size_t t, double s, double c, int level, const call_context& cx,
-                    attend_workspace& ws, head_state& st, std::size_t& n_include) noexcept {
-    const options& opt = cx.opt;
-    // The level needs E only to within the grid: decide it from E's float bracket, and
-    // take the logarithm only when the bracket straddles a grid point (about 6% of keys at
-    // grid ratio 2). Either way the level is the one earliest_level(s - c + E) gives.
-    const std::uint64_t bits = cx.pert.bits(t);
-    const double x = (s - c) + cx.design.offset(cx.dist[t]);  // as reference_attend()
-    const float upper = perturbation::exp1_upper_from_bits(bits);
-    int ls = earliest_level(x + double(upper), opt.grid_ratio, opt.max_levels);
-    if (ls != earliest_level(x + double(perturbation::exp1_lower_from_bits(bits, upper)),
-                             opt.grid_ratio, opt.max_levels))
-      ls = earliest_level(x + perturbation::exp1_from_bits(bits), opt.grid_ratio, opt.max_levels);
-    if (ls > opt.max_levels) return;
-    if (ls > level) {
-      push(ws, st, ws.pending_head_, std::size_t(ls), std::uint32_t(t), s, kScored);
-      return;
-    }
-    if (ls < level) ++ws.stats_.bound_violations;  // the bounds promised otherwise
-    ws.to_include_[n_include++] = {std::uint32_t(t),
-                                   earliest_level(x, opt.grid_ratio, opt.max_levels), s};
-  }
-
-  /// The 8-bit stage of a new candidate with 8-bit bound u8 (scaled): true when its exact
-  /// key must be read now.
-  static bool refine_candidate(std::size_t t, double u8, double c, int level,
-                               const call_context& cx, attend_workspace& ws,
-                               head_state& st) noexcept {
-    const options& opt = cx.opt;
-    ++st.refined;
-    const double x8 = (u8 - c) + double(ws.e_up_[t]);  // == pert.exp1_upper(t)
-    const int l8 = earliest_level(x8 + 1e-12 * (std::fabs(u8) + std::fabs(c) + 64.0),
-                                  opt.grid_ratio, opt.max_levels);
-    if (l8 > opt.max_levels) return false;
-    if (l8 > level) {
-      push(ws, st, ws.pending_head_, std::size_t(l8), std::uint32_t(t), 0.0, kRefined);
-      return false;
-    }
-    return true;
-  }
-
-  /// One level's new keys: 8-bit refinement, exact keys, values; each pass prefetches.
-  template <kv_view KV>
-  static void process_level(const KV& kv, const key_index& idx, const float* q,
-                            const float* qpad, double c, int level, const call_context& cx,
-                            attend_workspace& ws, head_state& st) noexcept {
-    const std::size_t d = cx.d, dp = idx.padded_dim();
-    const isa which = cx.kernels.which;
-    using T = typename KV::element_type;
-    std::size_t n_score = 0, n_include = 0;
-    const std::uint32_t b0 = ws.bucket_start_[std::size_t(level)];
-    const std::uint32_t b1 = ws.bucket_start_[std::size_t(level) + 1];
-    // The buckets of the next levels follow this one: prefetch across the boundary, so
-    // that a level's first candidates are not fetched one miss at a time.
-    const std::uint32_t b_end = ws.bucket_start_[std::size_t(cx.opt.max_levels) + 1];
-    // Candidates go 16 at a time through the batched 8-bit dot (independent chains).
-    constexpr std::uint32_t kBatch = 16;
-    for (std::uint32_t i = b0; i < b1; i += kBatch) {
-      const std::uint32_t m = std::min(kBatch, b1 - i);
-      const float* a[kBatch];
-      const std::uint8_t* codes[kBatch];
-      float offset[kBatch], dot[kBatch];
-      for (std::uint32_t k = 0; k < m; ++k) {
-        if (i + k + kPrefetchAhead < b_end) {
-          const std::uint32_t ahead = ws.bucket_[i + k + kPrefetchAhead];
-          prefetch_rows(idx.codes8(ahead), dp);
-          const std::size_t ab = ahead / key_index::kBlockTokens;
-          if (!ws.refine_ready_[ab]) {  // its block's scales, read by the preparation
-            prefetch_rows(idx.block_lo(ab), dp * sizeof(float));
-            prefetch_rows(idx.block_step8(ab), dp * sizeof(float));
-          }
-        }
-        const std::uint32_t t = ws.bucket_[i + k];
-        const std::size_t b = t / key_index::kBlockTokens;
-        a[k] = refine_block(idx, b, qpad, cx, ws);
-        offset[k] = ws.refine_offset_[b];
-        codes[k] = idx.codes8(t);
-      }
-      for (std::uint32_t k = m; k < kBatch; ++k) {
-        a[k] = a[0];
-        codes[k] = codes[0];
-      }
-      refine_dots(a, codes, m, dp, dot, which);
-      for (std::uint32_t k = 0; k < m; ++k) {
-        const std::uint32_t t = ws.bucket_[i + k];
-        double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
-        if (cx.modified()) u8 = st.hv.score(u8, t);  // increasing: still a bound
-        if (refine_candidate(t, u8, c, level, cx, ws, st)) {
-          prefetch_rows_l2(kv.key(t), d * sizeof(T));
-          __builtin_prefetch(cx.dist + t);  // admit() reads its distance, at a random place
-          ws.to_score_[n_score++] = t;
-        }
-      }
-    }
-    for (std::int32_t k = ws.pending_head_[std::size_t(level)]; k >= 0;) {
-      const node nd = ws.nodes_[std::size_t(k)];
-      if (nd.stage == kRefined) {
-        prefetch_rows_l2(kv.key(nd.token), d * sizeof(T));
-        __builtin_prefetch(cx.dist + nd.token);
-        ws.to_score_[n_score++] = nd.token;
-      } else {
-        const std::size_t before = n_include;
-        admit(nd.token, nd.score, c, level, cx, ws, st, n_include);
-        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), cx.dv * sizeof(T));
-      }
-      k = nd.next;
-    }
-    // Exact keys 8 at a time through the batched score (independent chains, same bits).
-    for (std::size_t i = 0; i < n_score; i += 8) {
-      const std::size_t m = std::min<std::size_t>(8, n_score - i);
-      const T* rows[8];
-      for (std::size_t j = 0; j < 8; ++j) {
-        if (i + j + kPrefetchAhead < n_score)
-          prefetch_rows(kv.key(ws.to_score_[i + j + kPrefetchAhead]), d * sizeof(T));
-        rows[j] = kv.key(ws.to_score_[i + (j < m ? j : 0)]);
-      }
-      double dots[8];
-      score_dot8_fast(q, rows, d, which, dots);
-      for (std::size_t j = 0; j < m; ++j) {
-        const std::uint32_t t = ws.to_score_[i + j];
-        ++st.keys_read;
-        const std::size_t before = n_include;
-        const double s = cx.scale * dots[j];
-        admit(t, cx.modified() ? st.hv.score(s, t) : s, c, level, cx, ws, st, n_include);
-        if (n_include != before) prefetch_rows_l2(kv.value(t), cx.dv * sizeof(T));
-      }
-    }
-    for (std::size_t i = 0; i < n_include; ++i) {
-      if (i + kPrefetchAhead < n_include)
-        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), cx.dv * sizeof(T));
-      const auto& a = ws.to_include_[i];
-      include(kv, a.token, a.score, c, level, a.heavy_level, cx, ws, st);
-    }
-  }
-
-  /// Keys sampled as light at an earlier level that are heavy from this level on: their
-  /// light terms leave the light sums, their exact weight joins the exact part.
-  template <kv_view KV>
-  static void transitions(const KV& kv, int level, double c, const call_context& cx,
-                          attend_workspace& ws, head_state& st) noexcept {
-    const std::int32_t first = ws.transition_head_[std::size_t(level)];
-    const std::size_t bytes = cx.dv * sizeof(typename KV::element_type);
-    for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
-      prefetch_rows(kv.value(ws.nodes_[std::size_t(k)].token), bytes);
-    for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next) {
-      const node& nd = ws.nodes_[std::size_t(k)];
-      const double w = std::exp(nd.score - c);
-      const auto* v = kv.value(nd.token);
-      const double kappa = cx.design.weight(cx.dist[nd.token]);
-      // light_sum -= kappa (v - g), exact_num += w (v - g).
-      const row_norms nv = add_centered(v, -kappa, ws.light_sum_.data(), cx, ws);
-      add_centered(v, w, ws.exact_num_.data(), cx, ws);
-      st.light.remove(light_terms_of(nd.token, w, nv, cx));
-      st.exact.add_heavy(w, nv.sq);
-    }
   }
 
   // ---- stage: exact answers -----------------------------------------------------------
@@ -1178,4 +670,3 @@ struct attend_stages {
 
 }  // namespace certattn::detail
 
-#include <certattn/arch/macros_undef.hpp>

@@ -1,12 +1,13 @@
 // What the certified call keeps between calls: the caller-owned scratch of attend_group()
 // (attend_workspace, sized once, so that a steady-state call allocates nothing) and the
 // statistics of its last call (group_stats). Per-call state lives in the call's context
-// (attend_stages.hpp), not here.
+// (call_context.hpp) and a head's level loop state (level_loop.hpp), not here.
 #pragma once
 
 #include <certattn/common.hpp>
 #include <certattn/dense.hpp>
 #include <certattn/index.hpp>
+#include <certattn/layout.hpp>
 #include <certattn/memory.hpp>
 #include <certattn/options.hpp>
 #include <certattn/rounding.hpp>
@@ -46,6 +47,9 @@ struct group_stats {
 
 namespace detail {
 struct attend_stages;  // attend_stages.hpp
+struct row_access;     // call_context.hpp
+template <kv_view KV>
+struct head_loop;      // level_loop.hpp
 
 /// Largest max(1, softmax_scale) * ||q||_1 * max|k| a certified call accepts: the float
 /// score bounds keep a margin of 2^28 below FLT_MAX (real scores are below 2^10).
@@ -206,6 +210,9 @@ class attend_workspace {
 
  private:
   friend struct detail::attend_stages;
+  friend struct detail::row_access;
+  template <kv_view KV>
+  friend struct detail::head_loop;
 
   struct node {
     std::uint32_t token = 0;
