@@ -44,6 +44,10 @@ struct speed_row : run_point {
   double keys_read_frac = 0, keys_read_per_head = 0, bytes_read_frac = 0;
   double certified_frac = 0, fallback_frac = 0, routed_frac = 0, over_budget_frac = 0;
   double sampled_per_head = 0;  // heavy + sampled light pool keys per query head (cost model)
+  // Per group call (one KV head's G query heads): 8-bit refinements, 8-bit block
+  // preparations, and cache lines of the rows read at scattered places
+  // (group_stats::scattered_lines).
+  double refined_per_call = 0, refine_blocks_per_call = 0, lines_per_call = 0;
   double dense_gbps = 0, read_gbps = 0, dense_bw_frac = 0;
   // The certified call's time over the time its bytes take at the measured read bandwidth.
   double floor_ratio = 0;
@@ -72,6 +76,9 @@ record to_record(const speed_row& r) {
       {"routed_frac", r.routed_frac},
       {"over_budget_frac", r.over_budget_frac},
       {"sampled_per_head", r.sampled_per_head},
+      {"refined_per_call", r.refined_per_call},
+      {"refine_blocks_per_call", r.refine_blocks_per_call},
+      {"scattered_lines_per_call", r.lines_per_call},
       {"dense_gbps", r.dense_gbps},
       {"floor_ratio", r.floor_ratio},
       {"read_gbps", r.read_gbps},
@@ -105,6 +112,7 @@ struct step_result {
   double dense_s = 0, certified_s = 0;
   std::size_t keys_read = 0, bytes_read = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
   std::size_t routed = 0, over_budget = 0, sampled = 0;
+  std::size_t refined = 0, refine_blocks = 0, scattered_lines = 0;
   double stage_s[6] = {};
   // --block-occupancy: sampled heads counted, and their 128-token blocks and 16-token
   // sub-blocks of the pool holding at least one candidate at the stopping level.
@@ -266,6 +274,9 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
       r.routed += stats[h].routed;
       r.over_budget += stats[h].over_budget;
       r.sampled += stats[h].sampled;
+      r.refined += stats[h].refined;
+      r.refine_blocks += stats[h].refine_blocks;
+      r.scattered_lines += stats[h].scattered_lines;
       for (int i = 0; i < 6; ++i) r.stage_s[i] += stats[h].stage_seconds[i];
     }
     for (const certificate& c : certs) r.certified += c.certified ? 1 : 0;
@@ -280,6 +291,7 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   std::vector<double> dense, cert, ratio;
   double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
   double routed = 0, over_budget = 0, sampled = 0, occ_heads = 0, occ_blocks = 0, occ_sub = 0;
+  double refined = 0, refine_blocks = 0, lines = 0;
   for (std::size_t s = warmup; s < all.size(); ++s) {
     const step_result& r = all[s];
     dense.push_back(r.dense_s);
@@ -293,6 +305,9 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
     routed += double(r.routed);
     over_budget += double(r.over_budget);
     sampled += double(r.sampled);
+    refined += double(r.refined);
+    refine_blocks += double(r.refine_blocks);
+    lines += double(r.scattered_lines);
     for (int i = 0; i < 6; ++i) row.stage_ms[i] += 1e3 * r.stage_s[i];
     occ_heads += double(r.occupancy_heads);
     occ_blocks += r.blocks_hit;
@@ -315,6 +330,10 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   row.routed_frac = routed / calls;
   row.over_budget_frac = over_budget / calls;
   row.sampled_per_head = sampled / calls;
+  const double group_calls = steps * double(H);
+  row.refined_per_call = refined / group_calls;
+  row.refine_blocks_per_call = refine_blocks / group_calls;
+  row.lines_per_call = lines / group_calls;
   row.dense_gbps = double(kv_bytes) / (row.dense_ms * 1e-3) * 1e-9;
   row.read_gbps = read_gbps;
   row.dense_bw_frac = row.dense_gbps / read_gbps;
@@ -362,8 +381,8 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   if (many_delta) headers.push_back("delta");
   headers.push_back("<cert");
   headers.push_back("<route");
-  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "certified %",
-                        "exact %", "dense GB/s", "of read bw", "x floor"})
+  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "refined/call",
+                        "lines/call", "certified %", "exact %", "dense GB/s", "of read bw", "x floor"})
     headers.push_back(h);
   text_table table(headers);
   for (const speed_row& r : rows) {
@@ -379,6 +398,8 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     c.push_back(strf("%.2f", 100.0 * r.keys_read_frac));
     c.push_back(strf("%.0f", r.keys_read_per_head));
     c.push_back(strf("%.1f", 100.0 * r.bytes_read_frac));
+    c.push_back(strf("%.0f", r.refined_per_call));
+    c.push_back(strf("%.0f", r.lines_per_call));
     c.push_back(strf("%.1f", 100.0 * r.certified_frac));
     c.push_back(strf("%.1f", 100.0 * (r.routed_frac + r.over_budget_frac + r.fallback_frac)));
     c.push_back(strf("%.1f", r.dense_gbps));
@@ -391,7 +412,9 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   std::printf(
       "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, fp16); speedup = median of "
       "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
-      "group_stats.bytes_read / dense_bytes (K and V once); cert = tight (every step after the first hinted with "
+      "group_stats.bytes_read / dense_bytes (K and V once); refined/call, lines/call = 8-bit refinements and "
+      "cache lines of rows read at scattered places (8-bit codes, 8-bit block scales, pool keys and values) per "
+      "group call (one KV head); cert = tight (every step after the first hinted with "
       "the levels of the step before) or classic (the paper's).\nroute = options.route (auto: group_history "
       "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
       "exact %% = query heads answered by exact attention (routed, over budget or fallback).\nx floor = cert ms / "

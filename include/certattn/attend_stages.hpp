@@ -409,6 +409,17 @@ struct attend_stages : row_access {
     certify_exact_answer(r, output_norm(o, d), cert.denominator, cx.user, cert);
   }
 
+  /// Cache lines of head st.g's scattered rows (group_stats::scattered_lines): its 8-bit
+  /// code rows, its prepared blocks' offset and 8-bit step rows, and its pool key and
+  /// value rows.
+  static std::size_t scattered_lines(const head_state& st, const call_context& cx) noexcept {
+    auto lines = [](std::size_t bytes) { return (bytes + 63) / 64; };
+    const std::size_t fixed = cx.fixed_rows();
+    return st.refined * lines(cx.dp) + st.refine_blocks * 2 * lines(cx.dp * sizeof(float)) +
+           (st.keys_read - fixed) * lines(cx.key_bytes) +
+           (st.values_read - fixed) * lines(cx.value_bytes);
+  }
+
   /// Head st.g's own reads (the shared part is added by account_bytes()), its stopping
   /// level for the history, and, when no level certified, its place in the exact pass.
   template <kv_view KV>
@@ -420,6 +431,8 @@ struct attend_stages : row_access {
     cert.bytes_read = st.refined * cx.dp + (st.keys_read - exact_rows) * cx.key_bytes +
                       (st.values_read - exact_rows) * cx.value_bytes;
     stats.refined += st.refined;
+    stats.refine_blocks += st.refine_blocks;
+    stats.scattered_lines += scattered_lines(st, cx);
     stats.keys_read += st.keys_read - exact_rows;
     stats.values_read += st.values_read - exact_rows;
     ws.head_levels_[g] = done ? cert.level : -1;

@@ -86,6 +86,7 @@ struct head_state {
   light_sums light;
   std::size_t candidates = 0;  // pool keys bucketed by their perturbed 4-bit bound
   std::size_t keys_read = 0, values_read = 0, refined = 0;
+  std::size_t refine_blocks = 0;  // 8-bit block preparations (refine_block())
   std::int32_t free_node = 0;
   /// Heavy and sampled light pool keys: what the head spends of sample_budget().
   std::size_t sample_size() const noexcept { return exact.heavy + light.count; }
@@ -250,6 +251,7 @@ struct head_loop : row_access {
       ws.refine_offset_[b] =
           cx.kernels.prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
       ws.refine_ready_[b] = 1;
+      ++st.refine_blocks;
     }
     return a;
   }

@@ -40,6 +40,12 @@ struct group_stats {
   std::size_t bytes_read = 0;        // the whole group
   std::size_t dense_bytes = 0;       // what dense attention reads: K and V once
   std::size_t bound_violations = 0;  // a key exact-scored above its bound: must stay 0
+  std::size_t refine_blocks = 0;     // sum over heads of 8-bit block preparations (each reads
+                                     // the block's offset and 8-bit step rows)
+  // Cache lines of the rows read at places no stream predicts: 8-bit code rows, the
+  // prepared blocks' scale rows, and the exact key and value rows of the pool (not the
+  // window's, the exact set's or the exact pass's, which are read in order).
+  std::size_t scattered_lines = 0;
   // Seconds per stage (window, scan, max score, candidates, level loop, fallback), filled
   // only when the workspace times stages (attend_workspace::time_stages).
   double stage_seconds[6] = {};
