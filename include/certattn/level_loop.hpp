@@ -305,8 +305,9 @@ struct head_loop : row_access {
   }
 
   /// A key with exact score s at this level: sampled now (queued for its value), at a
-  /// later level (deferred), or never.
-  void admit(std::size_t t, double s, int level, std::size_t& n_include) noexcept {
+  /// later level (deferred), or never. (Inlined into process_level(), as before the level
+  /// loop had its own header: GCC 12 otherwise calls it once per scored key.)
+  __attribute__((always_inline)) void admit(std::size_t t, double s, int level, std::size_t& n_include) noexcept {
     const options& opt = cx.opt;
     // The level needs E only to within the grid: decide it from E's float bracket, and
     // take the logarithm only when the bracket straddles a grid point (about 6% of keys at
@@ -436,7 +437,7 @@ struct head_loop : row_access {
 
   /// Keys sampled as light at an earlier level that are heavy from this level on: their
   /// light terms leave the light sums, their exact weight joins the exact part.
-  void transitions(int level) noexcept {
+  __attribute__((always_inline)) void transitions(int level) noexcept {
     const std::int32_t first = ws.transition_head_[std::size_t(level)];
     const std::size_t bytes = cx.dv * sizeof(T);
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
