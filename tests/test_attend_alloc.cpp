@@ -92,8 +92,9 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
       ws.time_stages(s % 2 == 1);  // timed calls do not allocate either
       call(s, s == 5 ? strict : opt);
       routed += certs[0].path == answer_path::kRouted;
-      if (s == 5 && route == routing::kOff)
+      if (s == 5 && route == routing::kOff) {
         EXPECT_TRUE(certs[0].exact) << "the strict call should have fallen back to exact";
+      }
     }
     g_counting = false;
     EXPECT_EQ(g_allocations.load(), 0) << "regime " << synthetic::to_string(r) << ", routing "
@@ -102,12 +103,15 @@ TEST(AttendAllocation, SteadyStateCallsDoNotAllocate) {
     // stage_seconds at 0.
     double timed = 0;
     for (double t : ws.last_stats().stage_seconds) timed += t;
-    if (ws.last_stats().routed == 0) EXPECT_GT(timed, 0.0);
+    if (ws.last_stats().routed == 0) {
+      EXPECT_GT(timed, 0.0);
+    }
     ws.time_stages(false);
     call(0, opt);
     for (double t : ws.last_stats().stage_seconds) EXPECT_EQ(t, 0.0);
-    if (route == routing::kAuto && !set.measured && r == synthetic::regime::kUniform)
+    if (route == routing::kAuto && !set.measured && r == synthetic::regime::kUniform) {
       EXPECT_GT(routed, 0u) << "a flat group should have been routed to the dense kernel";
+    }
   }
 }
 

@@ -52,7 +52,9 @@ TEST(LevelDeltaShare, SumsToAtMostOneForEveryHint) {
       }
       EXPECT_LE(sum, 1.0 + 1e-12) << "J " << J << " hint " << hint;
       EXPECT_GE(sum, 1.0 - 1e-12) << "J " << J << " hint " << hint;  // nothing wasted
-      if (hint < 0 || hint > J) EXPECT_DOUBLE_EQ(lo, 1.0 / (J + 1));
+      if (hint < 0 || hint > J) {
+        EXPECT_DOUBLE_EQ(lo, 1.0 / (J + 1));
+      }
     }
   }
   // With a hint, the hinted level gets more than the uniform share.
