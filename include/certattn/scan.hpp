@@ -22,7 +22,7 @@ namespace certattn {
 /// Bytes of the scan's int8 query scratch (scan_request::qa): two planes of nq queries
 /// (arch/scan_prep.hpp).
 constexpr std::size_t scan_query_bytes(std::size_t nq, std::size_t padded_dim) noexcept {
-  return 2 * nq * padded_dim;
+  return detail::query_plane_bytes(nq, padded_dim);
 }
 
 /// Inputs and outputs of one scan. Buffers are caller-owned (the certified call's

@@ -134,7 +134,7 @@ class attend_workspace {
     qpad_.assign(group * dp_, 0.0f);
     u_.assign(group * u_stride_ + 16, 0.0f);
     block_max_.assign(group * blocks + 1, 0.0f);
-    qa_.assign(2 * group * dp_, 0);  // the int8 queries' two planes (scan_prep.hpp)
+    qa_.assign(detail::query_plane_bytes(group, dp_), 0);  // the int8 queries' two planes
     prep_.assign(group, {});
     // [group][window + exact set]: the exact set can hold any number of tokens (values
     // beyond float's range always join it), so room for every token, left uncommitted.

@@ -282,7 +282,10 @@ inline void prepare_block_query(const float* lo, const float* st, const float* q
 }
 
 /// The int8 queries of a block: the first plane of the nq queries ([nq * padded_dim]
-/// bytes, octet-major), then the second (fine_plane()).
+/// bytes, octet-major), then the second (fine_plane()); query_plane_bytes() in all.
+inline constexpr std::size_t query_plane_bytes(std::size_t nq, std::size_t padded_dim) noexcept {
+  return 2 * nq * padded_dim;
+}
 inline std::int8_t* fine_plane(std::int8_t* qa, std::size_t nq, std::size_t padded_dim) noexcept {
   return qa + nq * padded_dim;
 }

@@ -49,21 +49,20 @@ CERTATTN_TARGET_AVX2 inline void scan_heads(const std::uint8_t* codes, const std
           _mm_prefetch(reinterpret_cast<const char*>(c + o * 64 + block_bytes), _MM_HINT_T0);
         const __m256i lo = _mm256_and_si256(x, mask);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-        _Pragma("GCC unroll 8")
-        for (int g = 0; g < NQ; ++g) {
+        // acc += the codes' dot with the 8 query bytes at w (one plane, one octet).
+        auto add_octet = [&](__m256i& acc, const std::int8_t* w) CERTATTN_TARGET_AVX2 {
           std::int32_t wl, wh;
-          std::memcpy(&wl, qa + o * qa_stride + 8 * g, 4);
-          std::memcpy(&wh, qa + o * qa_stride + 8 * g + 4, 4);
+          std::memcpy(&wl, w, 4);
+          std::memcpy(&wh, w + 4, 4);
           const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(wl));
           const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(wh));
-          acc[g][h] = _mm256_add_epi32(acc[g][h], _mm256_madd_epi16(pl, ones));
-          acc[g][h] = _mm256_add_epi32(acc[g][h], _mm256_madd_epi16(ph, ones));
-          std::memcpy(&wl, qf + o * qa_stride + 8 * g, 4);
-          std::memcpy(&wh, qf + o * qa_stride + 8 * g + 4, 4);
-          const __m256i fl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(wl));
-          const __m256i fh = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(wh));
-          acc_f[g][h] = _mm256_add_epi32(acc_f[g][h], _mm256_madd_epi16(fl, ones));
-          acc_f[g][h] = _mm256_add_epi32(acc_f[g][h], _mm256_madd_epi16(fh, ones));
+          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pl, ones));
+          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(ph, ones));
+        };
+        _Pragma("GCC unroll 8")
+        for (int g = 0; g < NQ; ++g) {
+          add_octet(acc[g][h], qa + o * qa_stride + 8 * g);
+          add_octet(acc_f[g][h], qf + o * qa_stride + 8 * g);
         }
       }
     }
