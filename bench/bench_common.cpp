@@ -65,6 +65,7 @@ record point_fields(const run_point& p) {
       {"regime", std::string(syn::to_string(p.regime))},
       {"eps", p.eps},
       {"delta", p.delta},
+      {"dtype", std::string(to_string(p.dtype))},
   };
 }
 
@@ -75,54 +76,105 @@ layout_kind layout_from_string(std::string_view s) {
   throw error("unknown layout '" + std::string(s) + "' (expected hnd, nhd or paged)");
 }
 
-layer_cache::layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed)
-    : kind_(kind), n_(src.config.n_tokens), d_(src.config.head_dim), heads_(src.config.kv_heads) {
+namespace {
+/// One fp16 row of the synthetic cache stored as T at `out` (rounded, or quantized; an
+/// fp8 row as codes of x / scale).
+template <kv_element T>
+void store_row_as(const half* row, std::size_t d, float scale, std::uint8_t* out) {
+  T* dst = reinterpret_cast<T*>(out);
+  std::vector<float> x(d);
+  for (std::size_t i = 0; i < d; ++i) x[i] = float(row[i]);
+  if constexpr (storage_element<T>) {
+    for (std::size_t i = 0; i < d; ++i) dst[i] = T(x[i]);
+  } else if constexpr (fp8_element<T>) {
+    quantize_row(x.data(), d, scale, dst);
+  } else {
+    (void)scale;
+    quantize_row(x.data(), d, dst);
+  }
+}
+
+template <kv_element T>
+float fp8_scale(const syn::kv_cache& src, std::size_t h, bool keys) {
+  float m = 0.0f;
+  for (std::size_t t = 0; t < src.config.n_tokens; ++t) {
+    const half* row = keys ? src.key_row(h, t) : src.value_row(h, t);
+    for (std::size_t i = 0; i < src.config.head_dim; ++i) m = std::max(m, std::fabs(float(row[i])));
+  }
+  const float range = std::is_same_v<T, fp8_e4m3> ? 112.0f : 14336.0f;  // a quarter of the largest
+  return m > 0.0f ? m / range : 1.0f;
+}
+
+template <kv_element T>
+void fill_layer(const syn::kv_cache& src, layout_kind kind, const std::vector<std::int32_t>& table,
+                std::size_t page_tokens, std::vector<fp8_scales>& scales, std::uint8_t* keys, std::uint8_t* values) {
+  const std::size_t n = src.config.n_tokens, d = src.config.head_dim, H = src.config.kv_heads;
+  const std::size_t rb = format_traits<T>::row_bytes(d);
+  scales.assign(H, {});
+  for (std::size_t h = 0; h < H; ++h) {
+    if constexpr (fp8_element<T>) scales[h] = {fp8_scale<T>(src, h, true), fp8_scale<T>(src, h, false)};
+    for (std::size_t t = 0; t < n; ++t) {
+      std::size_t row;  // in rows of this head's width
+      switch (kind) {
+        case layout_kind::kHnd: row = h * n + t; break;
+        case layout_kind::kNhd: row = t * H + h; break;
+        default: row = (std::size_t(table[t / page_tokens]) * H + h) * page_tokens + t % page_tokens;
+      }
+      store_row_as<T>(src.key_row(h, t), d, scales[h].key, keys + row * rb);
+      store_row_as<T>(src.value_row(h, t), d, scales[h].value, values + row * rb);
+    }
+  }
+}
+}  // namespace
+
+layer_cache::layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed, cache_format format)
+    : kind_(kind), format_(format), n_(src.config.n_tokens), d_(src.config.head_dim), heads_(src.config.kv_heads) {
   const std::size_t n = n_, d = d_, H = heads_;
-  if (kind == layout_kind::kHnd) {
-    k_ = src.keys.data();
-    v_ = src.values.data();
+  switch (format) {
+    case cache_format::f16: row_bytes_ = format_traits<half>::row_bytes(d); break;
+    case cache_format::bf16: row_bytes_ = format_traits<bfloat16>::row_bytes(d); break;
+    case cache_format::q8_0: row_bytes_ = format_traits<block_q8_0>::row_bytes(d); break;
+    case cache_format::q4_0: row_bytes_ = format_traits<block_q4_0>::row_bytes(d); break;
+    case cache_format::fp8_e4m3: row_bytes_ = format_traits<fp8_e4m3>::row_bytes(d); break;
+    case cache_format::fp8_e5m2: row_bytes_ = format_traits<fp8_e5m2>::row_bytes(d); break;
+    default: throw error("--dtype: " + std::string(to_string(format)) + " is not benchmarked");
+  }
+  if (format != cache_format::f16 && format != cache_format::bf16 && d % 32 != 0)
+    throw error("--dtype " + std::string(to_string(format)) + ": --head-dim must be a multiple of 32");
+  if (kind == layout_kind::kHnd && format == cache_format::f16) {
+    k_ = reinterpret_cast<const std::uint8_t*>(src.keys.data());
+    v_ = reinterpret_cast<const std::uint8_t*>(src.values.data());
     return;
   }
-  if (kind == layout_kind::kNhd) {
-    keys_.resize(n * H * d);
-    values_.resize(n * H * d);
-    for (std::size_t h = 0; h < H; ++h)
-      for (std::size_t t = 0; t < n; ++t) {
-        std::memcpy(keys_.data() + (t * H + h) * d, src.key_row(h, t), d * sizeof(half));
-        std::memcpy(values_.data() + (t * H + h) * d, src.value_row(h, t), d * sizeof(half));
-      }
-  } else {
+  std::size_t rows = n * H;
+  if (kind == layout_kind::kPaged) {
     // Pages handed out in a shuffled order, as an allocator that has run for a while would.
     const std::size_t pages = (n + kPageTokens - 1) / kPageTokens;
     table_.resize(pages);
     std::iota(table_.begin(), table_.end(), 0);
     std::mt19937_64 rng(seed ^ 0x70616765ull);
     std::shuffle(table_.begin(), table_.end(), rng);
-    keys_.assign(pages * kPageTokens * H * d, half(0.0f));
-    values_.assign(keys_.size(), half(0.0f));
-    for (std::size_t t = 0; t < n; ++t) {
-      const std::size_t page = std::size_t(table_[t / kPageTokens]);
-      for (std::size_t h = 0; h < H; ++h) {
-        const std::size_t off = ((page * H + h) * kPageTokens + t % kPageTokens) * d;
-        std::memcpy(keys_.data() + off, src.key_row(h, t), d * sizeof(half));
-        std::memcpy(values_.data() + off, src.value_row(h, t), d * sizeof(half));
-      }
-    }
+    rows = pages * kPageTokens * H;
+  }
+  keys_.assign(rows * row_bytes_, 0);
+  values_.assign(rows * row_bytes_, 0);
+  switch (format) {
+    case cache_format::f16: fill_layer<half>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
+    case cache_format::bf16: fill_layer<bfloat16>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
+    case cache_format::q8_0: fill_layer<block_q8_0>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
+    case cache_format::q4_0: fill_layer<block_q4_0>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
+    case cache_format::fp8_e4m3: fill_layer<fp8_e4m3>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
+    default: fill_layer<fp8_e5m2>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
   }
   k_ = keys_.data();
   v_ = values_.data();
 }
 
-strided_kv<half> layer_cache::strided(std::size_t h) const {
-  if (kind_ == layout_kind::kHnd) return hnd_view(k_, v_, n_, n_, heads_, d_, h);
-  if (kind_ == layout_kind::kNhd) return nhd_view(k_, v_, n_, heads_, d_, h);
-  throw error("layer_cache::strided: the paged layout has no strided view");
-}
-
-paged_kv<half> layer_cache::paged(std::size_t h) const {
-  if (kind_ != layout_kind::kPaged) throw error("layer_cache::paged: not a paged layout");
-  return paged_kv<half>(k_, v_, table_, n_, kPageTokens, d_, heads_ * kPageTokens * d_, d_,
-                        h * kPageTokens * d_);
+cache_format dtype_from_string(std::string_view s) {
+  for (cache_format f : {cache_format::f16, cache_format::bf16, cache_format::q8_0, cache_format::q4_0,
+                         cache_format::fp8_e4m3, cache_format::fp8_e5m2})
+    if (s == to_string(f)) return f;
+  throw error("unknown --dtype '" + std::string(s) + "' (expected f16, bf16, q8_0, q4_0, fp8_e4m3 or fp8_e5m2)");
 }
 
 // ---- the grid --------------------------------------------------------------------------------
@@ -211,6 +263,11 @@ void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help) 
   cmd.add_option("--layout", f.layouts, "cache layouts, comma-separated: hnd, nhd, paged")
       ->delimiter(',')
       ->capture_default_str();
+  cmd.add_option("--dtype", f.dtypes,
+                 "cache formats, comma-separated: f16, bf16, q8_0 and q4_0 (ggml's blocks), fp8_e4m3, fp8_e5m2 "
+                 "(with a scale per KV head); each its own rows")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd.add_option("--eps", f.eps, "target errors epsilon (value scale), comma-separated")
       ->delimiter(',')
       ->capture_default_str();
@@ -254,6 +311,10 @@ grid resolve(const grid_flags& f) {
   if (g.threads.empty()) throw error("--threads: give at least one thread count");
   for (const std::string& r : f.regimes) g.regimes.push_back(syn::regime_from_string(r));
   for (const std::string& l : f.layouts) g.layouts.push_back(layout_from_string(l));
+  for (const std::string& t : f.dtypes)
+    if (std::find(g.dtypes.begin(), g.dtypes.end(), dtype_from_string(t)) == g.dtypes.end())
+      g.dtypes.push_back(dtype_from_string(t));
+  if (g.dtypes.empty()) throw error("--dtype: give at least one format");
   if (g.regimes.empty() || g.layouts.empty() || f.eps.empty() || f.delta.empty())
     throw error("--regime, --layout, --eps and --delta each need at least one value");
   options probe;

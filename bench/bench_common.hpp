@@ -48,20 +48,26 @@ struct run_point {
   layout_kind layout = layout_kind::kHnd;
   syn::regime regime = syn::regime::kMixed;
   double eps = 0, delta = 0;
+  cache_format dtype = cache_format::f16;
 };
 /// Its fields, the first of every such row's record (names of the JSON contract).
 record point_fields(const run_point& p);
 layout_kind layout_from_string(std::string_view s);
+/// --dtype: the cache formats the bench stores (f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2).
+cache_format dtype_from_string(std::string_view s);
 
-/// One layer's cache (all KV heads) in one layout, fp16:
-///   hnd   [kv_heads][tokens][head_dim]: the synthetic cache itself, not copied
+/// One layer's cache (all KV heads) in one layout and one format (fp16 by default; the
+/// others rounded or quantized from the synthetic fp16 rows, an fp8 cache with a scale per
+/// head that puts its largest channel at a quarter of the format's range):
+///   hnd   [kv_heads][tokens][head_dim]: for fp16 the synthetic cache itself, not copied
 ///   nhd   [tokens][kv_heads][head_dim] (llama.cpp): a token's row holds every head
 ///   paged FlashInfer HND pages [page][kv_heads][16 tokens][head_dim], shuffled block table
 class layer_cache {
  public:
   static constexpr std::size_t kPageTokens = 16;
 
-  layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed);
+  layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed,
+              cache_format format = cache_format::f16);
   layer_cache(const layer_cache&) = delete;
   layer_cache& operator=(const layer_cache&) = delete;
 
@@ -69,31 +75,75 @@ class layer_cache {
   std::size_t tokens() const noexcept { return n_; }
   std::size_t heads() const noexcept { return heads_; }
   std::size_t head_dim() const noexcept { return d_; }
-  /// Token-major rows (nhd only): [tokens][kv_heads][head_dim].
-  const half* keys() const noexcept { return k_; }
-  const half* values() const noexcept { return v_; }
+  cache_format format() const noexcept { return format_; }
+  /// Token-major fp16 rows (nhd, fp16 only): [tokens][kv_heads][head_dim].
+  const half* keys() const noexcept { return reinterpret_cast<const half*>(k_); }
+  const half* values() const noexcept { return reinterpret_cast<const half*>(v_); }
   /// K and V bytes of the first n tokens of every head: what dense attention reads.
-  std::size_t kv_bytes(std::size_t n) const noexcept { return 2 * n * d_ * heads_ * sizeof(half); }
+  std::size_t kv_bytes(std::size_t n) const noexcept { return 2 * n * heads_ * row_bytes_; }
 
-  strided_kv<half> strided(std::size_t h) const;  // hnd, nhd
-  paged_kv<half> paged(std::size_t h) const;      // paged
+  template <kv_element T>
+  strided_kv<T> strided(std::size_t h) const;  // hnd, nhd
+  template <kv_element T>
+  paged_kv<T> paged(std::size_t h) const;      // paged
+  strided_kv<half> strided(std::size_t h) const { return strided<half>(h); }
 
   /// Calls f(view_of) with view_of(h) -> the kv_view of head h (all tokens), so that the
-  /// timed loops are compiled once per view type and never branch on the layout inside.
+  /// timed loops are compiled once per format and view type and never branch inside.
   template <class F>
   decltype(auto) visit(F&& f) const {
-    if (kind_ == layout_kind::kPaged) return f([this](std::size_t h) { return paged(h); });
-    return f([this](std::size_t h) { return strided(h); });
+    switch (format_) {
+      case cache_format::bf16: return visit_as<bfloat16>(f);
+      case cache_format::q8_0: return visit_as<block_q8_0>(f);
+      case cache_format::q4_0: return visit_as<block_q4_0>(f);
+      case cache_format::fp8_e4m3: return visit_as<fp8_e4m3>(f);
+      case cache_format::fp8_e5m2: return visit_as<fp8_e5m2>(f);
+      default: return visit_as<half>(f);
+    }
   }
 
  private:
+  template <kv_element T, class F>
+  decltype(auto) visit_as(F& f) const {
+    if (kind_ == layout_kind::kPaged) return f([this](std::size_t h) { return paged<T>(h); });
+    return f([this](std::size_t h) { return strided<T>(h); });
+  }
+  template <kv_element T>
+  auto with_scale(auto view, std::size_t h) const {
+    if constexpr (fp8_element<T>)
+      return view.with_scales(scales_[h]);
+    else
+      return view;
+  }
   layout_kind kind_;
-  std::size_t n_, d_, heads_;
-  const half* k_ = nullptr;
-  const half* v_ = nullptr;
-  large_vector<half> keys_, values_;  // empty for hnd; on huge pages (memory.hpp)
+  cache_format format_;
+  std::size_t n_, d_, heads_, row_bytes_;
+  const std::uint8_t* k_ = nullptr;
+  const std::uint8_t* v_ = nullptr;
+  large_vector<std::uint8_t> keys_, values_;  // empty for an fp16 hnd; on huge pages (memory.hpp)
   std::vector<std::int32_t> table_;
+  std::vector<fp8_scales> scales_;  // per head (fp8)
 };
+
+template <kv_element T>
+strided_kv<T> layer_cache::strided(std::size_t h) const {
+  const T* k = reinterpret_cast<const T*>(k_);
+  const T* v = reinterpret_cast<const T*>(v_);
+  if (format_traits<T>::format != format_) throw error("layer_cache::strided: another format");
+  if (kind_ == layout_kind::kHnd) return with_scale<T>(hnd_view(k, v, n_, n_, heads_, d_, h), h);
+  if (kind_ == layout_kind::kNhd) return with_scale<T>(nhd_view(k, v, n_, heads_, d_, h), h);
+  throw error("layer_cache::strided: the paged layout has no strided view");
+}
+
+template <kv_element T>
+paged_kv<T> layer_cache::paged(std::size_t h) const {
+  if (kind_ != layout_kind::kPaged) throw error("layer_cache::paged: not a paged layout");
+  if (format_traits<T>::format != format_) throw error("layer_cache::paged: another format");
+  const std::size_t u = format_traits<T>::units(d_);
+  return with_scale<T>(paged_kv<T>(reinterpret_cast<const T*>(k_), reinterpret_cast<const T*>(v_), table_, n_,
+                                   kPageTokens, d_, heads_ * kPageTokens * u, u, h * kPageTokens * u),
+                       h);
+}
 
 // ---- the grid every subcommand runs ------------------------------------------------------
 
@@ -108,6 +158,7 @@ struct grid_flags {
   std::vector<std::size_t> threads{1, 0};
   std::vector<std::string> regimes{"mixed"};
   std::vector<std::string> layouts{"hnd"};
+  std::vector<std::string> dtypes{"f16"};
   std::vector<double> eps{0.1};
   std::vector<double> delta{0.05};
   std::size_t reps = 20;
@@ -157,6 +208,7 @@ struct grid {
   std::vector<std::size_t> threads;
   std::vector<syn::regime> regimes;
   std::vector<layout_kind> layouts;
+  std::vector<cache_format> dtypes;
 };
 grid resolve(const grid_flags& f);
 

@@ -48,6 +48,7 @@ struct audit_flags {
   std::string json, csv;
   std::uint64_t seed = 1;
   std::string variant = "plain";
+  std::vector<std::string> dtypes{"f16"};
   bool quiet = false;
 };
 
@@ -129,7 +130,9 @@ std::string compare(const certificate& fast, const float* fast_out, const refere
 
 /// Exact attention of every call of a setting, [steps][heads][group], computed once and
 /// shared by all configurations.
-std::vector<exact_summary> exact_calls(const eval_data& e, const layer_variant& lv, thread_pool& pool) {
+template <class Rows>
+std::vector<exact_summary> exact_calls(const eval_data& e, const Rows& rows, const layer_variant& lv,
+                                       thread_pool& pool) {
   const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group;
   const double scale = options{}.effective_softmax_scale(d);
   std::vector<std::vector<exact_summary>> per_item(e.steps * H);
@@ -139,8 +142,8 @@ std::vector<exact_summary> exact_calls(const eval_data& e, const layer_variant& 
     exact_call& x = scratch[wi];
     const attention_variant v = lv.head(h);
     for (std::size_t g = 0; g < G; ++g) {
-      exact_attend(e.query(s, h, g), e.key_rows(h), e.value_rows(h), n, d, scale, x, head_variant_of(v, g, n));
-      if (s == 0 && g == 0) check_exact(e.query(s, h, g), e, h, x, head_slice(v, g));
+      exact_attend(e.query(s, h, g), rows.key_rows(h), rows.value_rows(h), n, d, scale, x, head_variant_of(v, g, n));
+      if (s == 0 && g == 0) check_exact(e.query(s, h, g), rows, h, x, head_slice(v, g));
       per_item[item].emplace_back(x);
     }
   });
@@ -151,14 +154,25 @@ std::vector<exact_summary> exact_calls(const eval_data& e, const layer_variant& 
   return all;
 }
 
-std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<config>& cfgs, const audit_flags& f,
-                                     std::size_t check_every, thread_pool& pool, progress& prog) {
+template <class Rows>
+cache_format rows_format(const Rows& rows) {
+  if constexpr (std::is_same_v<Rows, stored_cache>)
+    return rows.lc->format();
+  else
+    return cache_format::f16;
+}
+
+/// One setting's audit over `cache` (the fp16 eval_data itself, or a stored_cache),
+/// whose head h the certified call reads through view_of(h).
+template <class Rows, class ViewOf>
+std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf view_of, const std::vector<config>& cfgs,
+                                  const audit_flags& f, std::size_t check_every, thread_pool& pool, progress& prog) {
   const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group, S = e.steps, calls = e.calls();
   const std::size_t C = cfgs.size();
   std::vector<key_index> idx(H, key_index(d));
-  pool.parallel_for(H, [&](std::size_t h, std::size_t) { idx[h].build(e.view(h)); });
+  pool.parallel_for(H, [&](std::size_t h, std::size_t) { idx[h].build(view_of(h)); });
   const layer_variant lv(parse_variant(f.variant), H, G, f.seed);
-  const std::vector<exact_summary> exact = exact_calls(e, lv, pool);
+  const std::vector<exact_summary> exact = exact_calls(e, cache, lv, pool);
   std::vector<call_record> rec(C * calls);
   std::vector<std::string> first_disagreement(pool.size());
 
@@ -188,7 +202,7 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
       // Each configuration draws its own perturbations (layer = configuration).
       const noise_key nk{std::uint64_t(s), std::uint32_t(ci), std::uint32_t(h)};
       const std::span<const int> hints = s == 0 ? std::span<const int>() : std::span<const int>(w.hints);
-      attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, e.view(h), idx[h], nk, opt, w.out, w.certs,
+      attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, view_of(h), idx[h], nk, opt, w.out, w.certs,
                    *w.ws, hints);
       for (std::size_t g = 0; g < G; ++g) {
         const std::size_t call = (s * H + h) * G + g;
@@ -217,8 +231,8 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
           extras.reach_floor = idx[h].reach_floor();
           extras.level_hint = hints.empty() ? -1 : hints[g];
           head_opt.variant = head_slice(opt.variant, g);
-          const reference_result ref = reference_attend(std::span<const float>(e.query(s, h, g), d), e.key_matrix(h),
-                                                        e.value_matrix(h), head_opt, nk, extras);
+          const reference_result ref = reference_attend(std::span<const float>(e.query(s, h, g), d), cache.key_matrix(h),
+                                                        cache.value_matrix(h), head_opt, nk, extras);
           r.checked = 1;
           const std::string why = compare(cert, w.out.data() + g * d, ref, x.M);
           if (!why.empty()) {
@@ -240,7 +254,8 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
   std::vector<audit_row> rows;
   for (std::size_t ci = 0; ci < C; ++ci) {
     audit_row a;
-    a.setting = e.name;
+    const cache_format format = rows_format(cache);
+    a.setting = e.name + (format == cache_format::f16 ? "" : " " + std::string(to_string(format)));
     a.n = n;
     a.certificate = cfgs[ci].certificate;
     a.scale = cfgs[ci].scale;
@@ -268,6 +283,17 @@ std::vector<audit_row> audit_setting(const eval_data& e, const std::vector<confi
     rows.push_back(a);
   }
   return rows;
+}
+
+/// One setting's audit with its cache stored in `dtype`: fp16 as the setting holds it, or
+/// quantized (stored_cache), where exact attention and the reference read the decoded rows.
+std::vector<audit_row> audit_setting(const eval_data& e, cache_format dtype, const std::vector<config>& cfgs,
+                                     const audit_flags& f, std::size_t check_every, thread_pool& pool, progress& prog) {
+  if (dtype == cache_format::f16)
+    return audit_rows(e, e, [&](std::size_t h) { return e.view(h); }, cfgs, f, check_every, pool, prog);
+  const stored_cache stored(e, dtype);
+  return stored.lc->visit(
+      [&](auto view_of) { return audit_rows(e, stored, view_of, cfgs, f, check_every, pool, prog); });
 }
 
 record to_record(const audit_row& a) {
@@ -328,7 +354,7 @@ void run_audit(audit_flags f) {
       for (const std::string& c : f.contexts) {
         plans.push_back({synthetic::regime_from_string(r), parse_count(c)});
         if (plans.back().n <= 64) throw error("--context: contexts must exceed the 64-token window");
-        total += double(steps * heads * f.group * cfgs.size() * plans.back().n);
+        total += double(steps * heads * f.group * cfgs.size() * f.dtypes.size() * plans.back().n);
       }
     std::printf("audit: %s, variant %s, %zu settings (regime x context) x %zu certificates x %zu scales x %zu "
                 "epsilons, %zu calls per row (%zu steps x %zu KV heads x group %zu), delta %g, reference check on "
@@ -345,16 +371,20 @@ void run_audit(audit_flags f) {
     if (e.n <= 64) throw error(f.kv + ": the cache must hold more than the 64-token window");
     std::printf("audit: %s, %zu KV heads x %zu tokens, %zu steps x group %zu = %zu calls per row, delta %g\n",
                 e.name.c_str(), e.heads, e.n, e.steps, e.group, e.calls(), f.delta);
-    progress prog("certattn-bench audit", double(e.calls() * cfgs.size() * e.n), !f.quiet);
-    const auto r = audit_setting(e, cfgs, f, check_every, pool, prog);
-    rows.insert(rows.end(), r.begin(), r.end());
+    progress prog("certattn-bench audit", double(e.calls() * cfgs.size() * f.dtypes.size() * e.n), !f.quiet);
+    for (const std::string& t : f.dtypes) {
+      const auto r = audit_setting(e, dtype_from_string(t), cfgs, f, check_every, pool, prog);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
   } else {
     progress prog("certattn-bench audit", total, !f.quiet);
     for (const plan& p : plans) {
       prog.set_stage(std::string(synthetic::to_string(p.regime)) + "/" + format_count(p.n));
       const eval_data e = synthetic_data(p.regime, p.n, heads, f.group, f.head_dim, steps, f.seed);
-      const auto r = audit_setting(e, cfgs, f, check_every, pool, prog);
-      rows.insert(rows.end(), r.begin(), r.end());
+      for (const std::string& t : f.dtypes) {
+        const auto r = audit_setting(e, dtype_from_string(t), cfgs, f, check_every, pool, prog);
+        rows.insert(rows.end(), r.begin(), r.end());
+      }
     }
     prog.finish();
   }
@@ -471,6 +501,11 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--json", f->json, "also write the rows as JSON to this file");
   cmd->add_option("--csv", f->csv, "also write the rows as CSV to this file");
   cmd->add_option("--seed", f->seed, "seed of the synthetic data and the perturbations")->capture_default_str();
+  cmd->add_option("--dtype", f->dtypes,
+                  "cache formats, comma-separated (f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2): each setting's cache "
+                  "stored in each, checked against exact attention over its decoded rows")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--variant", f->variant,
                   "attention variant of every call and of its exact reference: plain, or parts joined by '+': "
                   "softcap:CAP, alibi, sinks, window:W")

@@ -227,7 +227,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
 
     flush();
     auto t0 = bench_clock::now();
-    if (lc.kind() == layout_kind::kNhd) {
+    if (lc.kind() == layout_kind::kNhd && lc.format() == cache_format::f16) {
       nhd.run(lc, q, G, scale, pool, ws.dense, out_dense);
     } else {
       pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
@@ -375,7 +375,9 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   const bool many_certificates = certificates.size() > 1;
   // The certificate column is shown even for one certificate: the default (tight) is not the
   // paper's, and a row without it would be read against the paper's tables.
+  const bool dtypes = g.dtypes.size() > 1 || g.dtypes[0] != cache_format::f16;
   std::vector<std::string> headers{"context", "<layout", "thr"};
+  if (dtypes) headers.push_back("<dtype");
   if (many_regimes) headers.push_back("<regime");
   if (many_eps) headers.push_back("eps");
   if (many_delta) headers.push_back("delta");
@@ -387,6 +389,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   text_table table(headers);
   for (const speed_row& r : rows) {
     std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads)};
+    if (dtypes) c.push_back(std::string(to_string(r.dtype)));
     if (many_regimes) c.push_back(std::string(syn::to_string(r.regime)));
     if (many_eps) c.push_back(strf("%g", r.eps));
     if (many_delta) c.push_back(strf("%g", r.delta));
@@ -541,7 +544,8 @@ void run_speed(const speed_flags& f) {
       throw error("--variant latent:" + std::to_string(g.variant.latent) + ": the value width exceeds --head-dim " +
                   std::to_string(f.head_dim));
     for (layout_kind l : g.layouts)
-      if (l != layout_kind::kHnd) throw error("--variant latent:DV runs on the hnd layout only");
+      if (l != layout_kind::kHnd) throw error("--variant latent:DV runs on the hnd layout only");    if (g.dtypes.size() > 1 || g.dtypes[0] != cache_format::f16)
+      throw error("--variant latent:DV runs on the f16 cache only");
   }
   const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
   std::vector<routing> routings;
@@ -599,22 +603,33 @@ void run_speed(const speed_flags& f) {
       cfg.kind = regime;
       cfg.seed = f.seed;
       const syn::kv_cache cache = syn::make_cache(cfg);
-      prog.set_stage(ctx + ": key indexes");
+      const std::vector<float> queries = make_step_queries(cache, G, steps);
+      worker_scratch scratch(P.largest().size(), G, d, H, n, f.profile_stages);
+      for (cache_format dtype : g.dtypes) {
+      // The index of each KV head, built from the head-major cache in this format (every
+      // layout of it stores the same numbers).
+      prog.set_stage(ctx + " " + std::string(to_string(dtype)) + ": key indexes");
+      const std::unique_ptr<const layer_cache> hnd =
+          std::make_unique<const layer_cache>(cache, layout_kind::kHnd, f.seed, dtype);
       std::vector<key_index> idx(H, key_index(d));
       const std::size_t dv = g.variant.latent;
       P.largest().parallel_for(H, [&](std::size_t h, std::size_t) {
-        const strided_kv<half> kv = hnd_view(cache.keys.data(), cache.values.data(), n, n, H, d, h);
-        if (dv > 0)  // the key rows as latent rows: values their first dv channels
+        if (dv > 0) {  // the key rows as latent rows: values their first dv channels
+          const strided_kv<half> kv = hnd->strided(h);
           idx[h].build(latent_kv<half>(kv.key(0), n, d, dv, kv.key_stride()));
-        else
-          idx[h].build(kv);
+        } else {
+          hnd->visit([&](auto view_of) {
+            idx[h].build(view_of(h));
+            return 0;
+          });
+        }
       });
-      const std::vector<float> queries = make_step_queries(cache, G, steps);
-      worker_scratch scratch(P.largest().size(), G, d, H, n, f.profile_stages);
       prog.advance(double(n * H) * kSetupSteps);
 
       for (layout_kind layout : g.layouts) {
-        const layer_cache lc(cache, layout, f.seed);
+        const std::unique_ptr<const layer_cache> own =
+            layout == layout_kind::kHnd ? nullptr : std::make_unique<const layer_cache>(cache, layout, f.seed, dtype);
+        const layer_cache& lc = own ? *own : *hnd;
         for (std::size_t t : g.threads)
           for (double eps : f.eps)
             for (double delta : f.delta)
@@ -644,7 +659,7 @@ void run_speed(const speed_flags& f) {
                   // A latent layer's dense pass reads each row once (the values are inside the keys).
                   const std::size_t kv_bytes = dv > 0 ? lc.kv_bytes(n) / 2 : lc.kv_bytes(n);
                   speed_row row = summarise(res, f.warmup, n, H, G, kv_bytes, bandwidth.at(t));
-                  static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta};
+                  static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta, dtype};
                   row.certificate = cert;
                   row.route = route;
                   row.profile_stages = f.profile_stages;
@@ -656,6 +671,7 @@ void run_speed(const speed_flags& f) {
                         cost_points.push_back({double(res[s].sampled) / double(H * n),
                                                res[s].certified_s / res[s].dense_s});
                 }
+      }
       }
     }
   }

@@ -105,6 +105,41 @@ inline eval_data npy_data(const std::string& kv_path, const std::string& queries
   return e;
 }
 
+/// eval_data's cache stored in another format (head-major, as layer_cache stores it: int8 or
+/// 4-bit blocks, fp8 with a scale per head, bf16), with its rows decoded to floats: the
+/// numbers the certified call reads, which exact attention and the reference read too.
+struct stored_cache {
+  std::size_t n = 0, d = 0;
+  std::unique_ptr<const layer_cache> lc;
+  std::vector<float> keys, values;  // [heads][n][d], decoded
+
+  stored_cache(const eval_data& e, cache_format format) : n(e.n), d(e.d) {
+    syn::kv_cache src;
+    src.config.n_tokens = e.n;
+    src.config.head_dim = e.d;
+    src.config.kv_heads = e.heads;
+    src.keys.assign(e.keys.begin(), e.keys.end());
+    src.values.assign(e.values.begin(), e.values.end());
+    lc = std::make_unique<const layer_cache>(src, layout_kind::kHnd, 1, format);
+    keys.resize(e.heads * n * d);
+    values.resize(e.heads * n * d);
+    lc->visit([&](auto view_of) {
+      for (std::size_t h = 0; h < e.heads; ++h) {
+        const auto kv = view_of(h);
+        for (std::size_t t = 0; t < n; ++t) {
+          detail::key_to_float(kv, t, keys.data() + (h * n + t) * d);
+          detail::value_to_float(kv, t, values.data() + (h * n + t) * d);
+        }
+      }
+      return 0;
+    });
+  }
+  const float* key_rows(std::size_t h) const noexcept { return keys.data() + h * n * d; }
+  const float* value_rows(std::size_t h) const noexcept { return values.data() + h * n * d; }
+  matrix_view<float> key_matrix(std::size_t h) const { return make_matrix_view(key_rows(h), n, d); }
+  matrix_view<float> value_matrix(std::size_t h) const { return make_matrix_view(value_rows(h), n, d); }
+};
+
 /// Exact attention of one query in double: the same scores as exact_attention() and the
 /// certified call (8 fixed lanes, the same bits), with vectorised kernels.
 struct exact_call {
@@ -116,7 +151,8 @@ struct exact_call {
 
 /// hv: the head's variant (variant.hpp): its scores, only the tokens from hv.first, and the
 /// sink in D (weights w_t of the tokens before hv.first are 0).
-inline void exact_attend(const float* q, const half* keys, const half* values, std::size_t n, std::size_t d,
+template <class T>
+inline void exact_attend(const float* q, const T* keys, const T* values, std::size_t n, std::size_t d,
                          double scale, exact_call& out, const head_variant& hv = {}) {
   const isa which = active_isa();
   out.s.resize(n);
@@ -147,7 +183,8 @@ inline void exact_attend(const float* q, const half* keys, const half* values, s
 
 /// Throws unless exact_attend() agrees with certattn::exact_attention() on this query
 /// (run on a few calls of every setting, so the fast exact path cannot drift).
-inline void check_exact(const float* q, const eval_data& e, std::size_t h, const exact_call& x,
+template <class Rows>
+inline void check_exact(const float* q, const Rows& e, std::size_t h, const exact_call& x,
                         const attention_variant& v = {}) {
   const exact_result r =
       exact_attention(std::span<const float>(q, e.d), e.key_matrix(h), e.value_matrix(h), 0.0, v);

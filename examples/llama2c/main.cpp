@@ -12,7 +12,10 @@
 // run's next-token distribution is compared with the certattn run's: greedy-token
 // agreement (same argmax) and KL(p_dense || p_certattn).
 //
-// Exit codes: 0 done, 1 error, 77 skipped (a data file is absent).
+// The model (stories260K), its tokenizer and the prompt text ship in examples/llama2c/data;
+// they are the defaults of --model, --tokenizer and --prompt-file.
+//
+// Exit codes: 0 done, 1 error (a missing file among them, named).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
@@ -29,6 +32,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model.hpp"
@@ -36,7 +40,10 @@
 
 namespace {
 
-constexpr int kSkip = 77;  // registered as SKIP_RETURN_CODE in examples/llama2c/CMakeLists.txt
+#ifndef CERTATTN_LLAMA2C_DATA_DIR
+#define CERTATTN_LLAMA2C_DATA_DIR "examples/llama2c/data"
+#endif
+constexpr const char* kDataDir = CERTATTN_LLAMA2C_DATA_DIR;
 
 using certattn::half;
 using clock_type = std::chrono::steady_clock;
@@ -46,8 +53,11 @@ double seconds_since(clock_type::time_point t0) {
 }
 
 struct settings {
-  std::string model_path, tokenizer_path, prompt_path, json_path;
-  std::size_t prompt_offset = 2666632;  // "It is a truth universally acknowledged, ..."
+  std::string model_path = std::string(kDataDir) + "/stories260K.bin";
+  std::string tokenizer_path = std::string(kDataDir) + "/tok512.bin";
+  std::string prompt_path = std::string(kDataDir) + "/pride-and-prejudice.txt";
+  std::string json_path;
+  std::size_t prompt_offset = 51;  // "It is a truth universally acknowledged, ..."
   std::size_t prompt_tokens = 400;
   std::size_t steps = 24;
   double epsilon = 0.1;
@@ -323,16 +333,12 @@ class dense_attention {
 };
 
 int run(const settings& cfg) {
-  for (const std::string* p : {&cfg.model_path, &cfg.tokenizer_path, &cfg.prompt_path}) {
-    if (!std::filesystem::exists(*p)) {
-      std::printf(
-          "certattn-example-llama2c: skipped: %s not found (the model, tokenizer and "
-          "prompt files are not shipped with the library; see "
-          "examples/llama2c/README.md)\n",
-          p->c_str());
-      return kSkip;
-    }
-  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"--model", &cfg.model_path}, {"--tokenizer", &cfg.tokenizer_path},
+      {"--prompt-file", &cfg.prompt_path}};
+  for (const auto& [option, path] : files)
+    if (!std::filesystem::exists(*path))
+      throw std::runtime_error(std::string(option) + ": " + *path + " not found");
   const llama2c::model m = llama2c::load_model(cfg.model_path);
   const llama2c::config& c = m.cfg;
   const llama2c::tokenizer tok(cfg.tokenizer_path, c.vocab_size);
@@ -509,9 +515,12 @@ int run(const settings& cfg) {
 int main(int argc, char** argv) {
   settings cfg;
   CLI::App app{"A llama2.c model decoding with certattn, compared with dense attention"};
-  app.add_option("--model", cfg.model_path, "llama2.c checkpoint (float32)")->required();
-  app.add_option("--tokenizer", cfg.tokenizer_path, "llama2.c tokenizer.bin")->required();
-  app.add_option("--prompt-file", cfg.prompt_path, "text to take the prompt from")->required();
+  app.add_option("--model", cfg.model_path, "llama2.c checkpoint (float32)")
+      ->capture_default_str();
+  app.add_option("--tokenizer", cfg.tokenizer_path, "llama2.c tokenizer.bin")
+      ->capture_default_str();
+  app.add_option("--prompt-file", cfg.prompt_path, "text to take the prompt from")
+      ->capture_default_str();
   app.add_option("--prompt-offset", cfg.prompt_offset, "byte offset of the passage")
       ->capture_default_str();
   app.add_option("--prompt-tokens", cfg.prompt_tokens, "prompt length in tokens (BOS included)")

@@ -55,6 +55,7 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
   if (idx.size() != n)
     throw error("idx.size() (" + std::to_string(idx.size()) + ") != kv.size() (" +
                 std::to_string(n) + "): append every new token to the index");
+  idx.check_format(kv);
   if (group > ws.group() || d != ws.head_dim() || dv > ws.value_dim() || n > ws.max_tokens() ||
       opt.total_levels() > ws.max_levels())
     throw error("ws (attend_workspace) is sized for group " + std::to_string(ws.group()) +

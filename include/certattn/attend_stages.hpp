@@ -66,7 +66,9 @@ struct attend_stages : row_access {
                   std::span<const int> level_hints, group_history* history) {
     // The history's hints only where they are independent of this call's perturbations.
     if (history) level_hints = history->hints_for(nk);
-    const call_context cx = make_context(group, kv, idx, nk, user_opt, level_hints, history);
+    call_context context = make_context(group, kv, idx, nk, user_opt, level_hints, history);
+    context.decoded = ws.decoded_.data();
+    const call_context& cx = context;
     begin_stats(cx, ws);
     // Routing times what it compares (history.hpp, cost_model::measured): two clock reads.
     const bool timed = history && user_opt.route == routing::kAuto && user_opt.cost.measured;
@@ -152,8 +154,8 @@ struct attend_stages : row_access {
         .d = d,
         .dp = (d + 7) / 8 * 8,
         .dv = dv,
-        .key_bytes = d * sizeof(T),
-        .value_bytes = values_alias_keys(kv) ? 0 : dv * sizeof(T),
+        .key_bytes = key_row_bytes(kv),
+        .value_bytes = values_alias_keys(kv) ? 0 : value_row_bytes(kv),
         .first = first,
         .pool_end = pool_end,
         .scale = opt.effective_softmax_scale(d),
@@ -203,12 +205,11 @@ struct attend_stages : row_access {
   template <kv_view KV>
   static void fixed_scores(const KV& kv, const float* q, const call_context& cx,
                            attend_workspace& ws) noexcept {
-    using T = typename KV::element_type;
     const std::size_t d = cx.d, F = cx.fixed_rows();
     for (std::size_t i = 0; i < F; ++i) {
-      if (i + kPrefetchAhead < F) prefetch_rows(kv.key(fixed_token(cx, i + kPrefetchAhead)), d * sizeof(T));
+      if (i + kPrefetchAhead < F) prefetch_rows(kv.key(fixed_token(cx, i + kPrefetchAhead)), cx.key_bytes);
       const std::size_t t = fixed_token(cx, i);
-      const T* k = kv.key(t);
+      const auto* k = key_of(kv, t, cx);
       for (std::size_t g = 0; g < cx.group; ++g)
         ws.fixed_scores_[g * ws.fixed_stride_ + i] =
             cx.head(g).score(cx.scale * score_dot_fast(q + g * d, k, d, cx.kernels.which), t);
@@ -298,7 +299,7 @@ struct attend_stages : row_access {
     double lb = window_max;
     auto exact = [&](std::size_t t) {
       ++keys_read;
-      return hv.score(cx.scale * score_dot_fast(q, kv.key(t), cx.d, cx.kernels.which), t);
+      return hv.score(cx.scale * score_dot_fast(q, key_of(kv, t, cx), cx.d, cx.kernels.which), t);
     };
     // Seed with the key of the largest bound: usually the maximum itself.
     std::size_t best_block = b0;
@@ -326,14 +327,14 @@ struct attend_stages : row_access {
   /// value rows (each row is read once for the G heads).
   template <kv_view KV>
   static void fixed_sums(const KV& kv, const call_context& cx, attend_workspace& ws) noexcept {
-    using T = typename KV::element_type;
     const std::size_t d = cx.dv, G = cx.group, F = cx.fixed_rows();
     std::fill_n(ws.window_num_.begin(), G * d, 0.0);
     std::fill_n(ws.window_weight_.begin(), G, 0.0);
     std::fill_n(ws.window_sq_.begin(), G, 0.0);
     for (std::size_t i = 0; i < F; ++i) {
-      if (i + kPrefetchAhead < F) prefetch_rows(kv.value(fixed_token(cx, i + kPrefetchAhead)), d * sizeof(T));
-      const T* v = kv.value(fixed_token(cx, i));
+      if (i + kPrefetchAhead < F)
+        prefetch_rows(kv.value(fixed_token(cx, i + kPrefetchAhead)), value_row_bytes(kv));
+      const auto* v = value_of(kv, fixed_token(cx, i), cx);
       for (std::size_t g = 0; g < G; ++g) {
         const double w = std::exp(ws.fixed_scores_[g * ws.fixed_stride_ + i] - ws.head_c_[g]);
         ws.window_weight_[g] += w;
@@ -573,7 +574,7 @@ struct attend_stages : row_access {
         }
       }
       auto score = [&](std::size_t t) {
-        return hv.score(scale * score_dot_fast(q, kv.key(t), d, which), t);
+        return hv.score(scale * score_dot_fast(q, key_of(kv, t, cx), d, which), t);
       };
       if (std::isnan(c)) {  // the exact maximum, for the double path's weights
         c = hv.has_sink ? hv.sink : -std::numeric_limits<double>::infinity();
@@ -584,7 +585,7 @@ struct attend_stages : row_access {
       for (std::size_t t = first; t < n; ++t) {
         const double w = std::exp(score(t) - c);
         den += w;
-        sq += w * accumulate_row(kv.value(t), dv, w, ws.exact_num_.data(), which);
+        sq += w * accumulate_row(value_of(kv, t, cx), dv, w, ws.exact_num_.data(), which);
       }
       for (std::size_t j = 0; j < dv; ++j) o[j] = float(ws.exact_num_[j] / den);
       ws.window_weight_[g] = den;

@@ -77,6 +77,8 @@ struct call_context {
   attend_kernels kernels;
   std::size_t budget = 0;             // sample_budget() of the group
   std::span<const int> hints;         // [group] level hints, or empty
+  float* decoded = nullptr;           // [9][d]: 8 key rows and a value row of a quantized
+                                      // cache, decoded (the workspace's)
 
   std::size_t window() const noexcept { return n - pool_end; }
   /// Rows every head reads exactly: the window and the exact set.
@@ -110,6 +112,20 @@ struct row_access {
   static void prefetch_rows_l2(const void* p, std::size_t bytes) noexcept {
     const char* c = static_cast<const char*>(p);
     for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
+  }
+
+  /// Token t's key row as the kernels read it: in place, or decoded into slot `slot` (of
+  /// 8) of the call's scratch for a quantized cache.
+  template <kv_view KV>
+  static const row_element_t<KV>* key_of(const KV& kv, std::size_t t, const call_context& cx,
+                                         std::size_t slot = 0) noexcept {
+    return key_row(kv, t, cx.decoded + slot * cx.d);
+  }
+  /// Token t's value row as the kernels read it (decoded into the value slot).
+  template <kv_view KV>
+  static const row_element_t<KV>* value_of(const KV& kv, std::size_t t,
+                                           const call_context& cx) noexcept {
+    return value_row(kv, t, cx.decoded + 8 * cx.d);
   }
 
   /// acc += w (v - g) with g the value centre: the certificate's sums (level_sums).

@@ -1,7 +1,9 @@
-// Exact attention over the 16-bit cache: the baseline the certified call is timed against
-// and its fallback when no level certifies. One pass over the keys and values of a KV
-// head for all G query heads of its group, online softmax in fp32 (flash-decoding style),
-// vectorised per ISA in arch/<isa>/dense_kernels.hpp and chosen at run time.
+// Exact attention over the cache: the baseline the certified call is timed against and its
+// fallback when no level certifies. One pass over the keys and values of a KV head for all
+// G query heads of its group, online softmax in fp32 (flash-decoding style), vectorised
+// per ISA in arch/<isa>/dense_kernels.hpp and chosen at run time. A quantized cache
+// (formats.hpp) is decoded a chunk of rows at a time into a float tile in L1, which the
+// float kernel then reads.
 #pragma once
 
 #include <certattn/arch/avx2/dense_kernels.hpp>
@@ -64,7 +66,8 @@ class dense_workspace {
     off_sums_ = off_max_ + detail::dense_round16(rows);
     off_alpha_ = off_sums_ + detail::dense_round16(rows);
     off_chunk_acc_ = off_alpha_ + detail::dense_round16(group);
-    floats_.assign(off_chunk_acc_ + (group + 1) * qs + 16, 0.0f);
+    off_tile_ = off_chunk_acc_ + detail::dense_round16((group + 1) * qs);
+    floats_.assign(off_tile_ + 2 * detail::dense_chunk_tokens * qs + 16, 0.0f);
     rows_.assign(2 * detail::dense_rows_capacity, nullptr);
   }
   std::size_t group() const noexcept { return group_; }
@@ -79,6 +82,7 @@ class dense_workspace {
   }
   std::size_t group_ = 0, head_dim_ = 0, kv_heads_ = 0;
   std::size_t off_scores_ = 0, off_max_ = 0, off_sums_ = 0, off_alpha_ = 0, off_chunk_acc_ = 0;
+  std::size_t off_tile_ = 0;  // [2][chunk][qs]: a chunk of a quantized cache's rows, decoded
   std::vector<float> floats_;
   std::vector<const void*> rows_;
 };
@@ -97,6 +101,10 @@ struct dense_workspace_access {
   static float* sums(dense_workspace& w) { return w.base() + w.off_sums_; }
   static float* alpha(dense_workspace& w) { return w.base() + w.off_alpha_; }
   static float* chunk_acc(dense_workspace& w) { return w.base() + w.off_chunk_acc_; }
+  static float* key_tile(dense_workspace& w) { return w.base() + w.off_tile_; }
+  static float* value_tile(dense_workspace& w) {
+    return w.base() + w.off_tile_ + dense_chunk_tokens * dense_round16(w.head_dim_);
+  }
   static const void** key_rows(dense_workspace& w) { return w.rows_.data(); }
   static const void** value_rows(dense_workspace& w) {
     return w.rows_.data() + dense_rows_capacity;
@@ -200,6 +208,26 @@ inline void dense_fill_rows(const paged_kv<T>& kv, std::size_t t0, std::size_t n
   }
 }
 
+/// Tokens [t0, t0 + n) of a quantized cache decoded into the tiles (rows `stride` floats
+/// apart), with their row pointers; the stored rows of the next chunk (below `end`) are
+/// prefetched, so that they arrive while this one is computed.
+template <kv_view KV>
+inline void dense_decode_rows(const KV& kv, std::size_t t0, std::size_t n, std::size_t end,
+                              std::size_t stride, float* key_tile, float* value_tile,
+                              const void** keys, const void** values) noexcept {
+  const std::size_t kb = key_row_bytes(kv), vb = value_row_bytes(kv);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (t0 + n + i < end) {
+      const char* k = reinterpret_cast<const char*>(kv.key(t0 + n + i));
+      const char* v = reinterpret_cast<const char*>(kv.value(t0 + n + i));
+      for (std::size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + o);
+      for (std::size_t o = 0; o < vb; o += 64) __builtin_prefetch(v + o);
+    }
+    keys[i] = key_row(kv, t0 + i, key_tile + i * stride);
+    values[i] = value_row(kv, t0 + i, value_tile + i * stride);
+  }
+}
+
 /// Runs the kernel over `units` chunks in order. fill(u, keys, values) writes the row
 /// pointers of unit u and returns its token count (1..dense_chunk_tokens); prepare(u, args)
 /// points args at the unit's queries and state. Each call also gets the rows of the
@@ -263,6 +291,7 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
                    dense_workspace& ws, const attention_variant& variant = {}) {
   using T = typename KV::element_type;
   using A = detail::dense_workspace_access;
+  constexpr bool decoded = quantized_element<T>;
   const std::size_t d = kv.head_dim(), dv = value_dim_of(kv);
   if (group == 0) throw error("group must be > 0");
   if (begin > end)
@@ -297,15 +326,23 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   args.sums = sums.data();
   args.acc = acc.data();
   args.acc_stride = dv;
-  args.prefetch_distance = detail::dense_prefetch_rows;
+  // A decoded chunk lives in the tile until the kernel has read it: no rows ahead (the
+  // fill prefetches the next chunk's stored rows instead).
+  args.prefetch_distance = decoded ? 0 : detail::dense_prefetch_rows;
   args.softcap = float(variant.logit_softcap);
   args.slopes = variant.alibi_slopes.empty() ? nullptr : variant.alibi_slopes.data();
   const double newest = kv.size() > 0 ? double(kv.size() - 1) : 0.0;
   constexpr std::size_t C = detail::dense_chunk_tokens;
-  detail::dense_run_units((end - begin + C - 1) / C, args, detail::select_dense_kernel<T>(), ws,
+  const std::size_t tile_stride = detail::dense_round16(d);
+  detail::dense_run_units((end - begin + C - 1) / C, args,
+                          detail::select_dense_kernel<row_element_t<KV>>(), ws,
                           [&](std::size_t u, const void** keys, const void** values) {
                             const std::size_t t0 = begin + u * C, n = end - t0 < C ? end - t0 : C;
-                            detail::dense_fill_rows(kv, t0, n, keys, values);
+                            if constexpr (decoded)
+                              detail::dense_decode_rows(kv, t0, n, end, tile_stride, A::key_tile(ws),
+                                                        A::value_tile(ws), keys, values);
+                            else
+                              detail::dense_fill_rows(kv, t0, n, keys, values);
                             return n;
                           },
                           [&](std::size_t u, detail::dense_chunk_args& a) {

@@ -112,6 +112,9 @@ class key_index {
     scales_.clear();
     max_abs_key_ = kmax;
     built_ = true;
+    format_ = format_traits<typename KV::element_type>::format;
+    key_scale_ = key_scale_of(kv);
+    value_scale_ = value_scale_of(kv);
     dv_ = value_dim_of(kv);
     const std::size_t nb = (n + kBlockTokens - 1) / kBlockTokens;
     resize_blocks(nb);
@@ -153,7 +156,9 @@ class key_index {
     }
     dist_.resize(blocks() * kBlockTokens, 0.0f);
     offset_up_.resize(blocks() * kBlockTokens, 0.0f);
-    dist_[position] = value_distance_bound(kv.value(position), center_, dv_);
+    check_.resize(d_);
+    detail::value_to_float(kv, position, check_.data());
+    dist_[position] = value_distance_bound(check_.data(), center_, dv_);
     offset_up_[position] = sampling_offset_upper(dist_[position], reach_floor_);
     if (dist_[position] > cap_) exact_.push_back(std::uint32_t(position));
     if (!std::isfinite(dist_[position])) overflow_.push_back(std::uint32_t(position));
@@ -308,12 +313,32 @@ class key_index {
     if (!building && dv != dv_)
       throw error("kv's value_dim (" + std::to_string(dv) + ") != the value_dim the index was built with (" +
                   std::to_string(dv_) + ")");
+    if (!building && built_) check_format(kv);
   }
+ public:
+  /// Throws unless kv stores the format (and the fp8 scales) this index was built from:
+  /// its bounds hold for those numbers only.
+  template <kv_view KV>
+  void check_format(const KV& kv) const {
+    if (!built_) return;
+    const cache_format f = format_traits<typename KV::element_type>::format;
+    if (f != format_)
+      throw error("kv: a " + std::string(to_string(f)) + " cache, but the key index was built from a " +
+                  std::string(to_string(format_)) + " cache");
+    if (key_scale_of(kv) != key_scale_ || value_scale_of(kv) != value_scale_)
+      throw error("kv: scales (key " + std::to_string(key_scale_of(kv)) + ", value " +
+                  std::to_string(value_scale_of(kv)) + ") differ from those the key index was built with (" +
+                  std::to_string(key_scale_) + ", " + std::to_string(value_scale_) + ")");
+  }
+  /// The cache format the index was built from.
+  cache_format format() const noexcept { return format_; }
+
+ private:
   /// Throws on a NaN or Inf in token t's key or value; returns max |k| of its key.
   template <kv_view KV>
   float check_row(const KV& kv, std::size_t t) {
     check_.resize(d_);
-    detail::row_to_float(kv.key(t), check_.data(), d_);
+    detail::key_to_float(kv, t, check_.data());
     float kmax = 0.0f;
     for (std::size_t i = 0; i < d_; ++i) {
       if (!std::isfinite(check_[i]))
@@ -321,7 +346,7 @@ class key_index {
       kmax = std::max(kmax, std::fabs(check_[i]));
     }
     const std::size_t dv = value_dim_of(kv);  // a build checks before it fixes dv_
-    detail::row_to_float(kv.value(t), check_.data(), dv);
+    detail::value_to_float(kv, t, check_.data());
     for (std::size_t i = 0; i < dv; ++i)
       if (!std::isfinite(check_[i]))
         throw error("values: token " + std::to_string(t) + " has a NaN or Inf");
@@ -355,7 +380,7 @@ class key_index {
   /// The key row of token t as floats (exact), into out[0, head_dim).
   template <kv_view KV>
   void load_key(const KV& kv, std::size_t t, float* out) const noexcept {
-    detail::row_to_float(kv.key(t), out, d_);
+    detail::key_to_float(kv, t, out);
   }
 
   bool fits_block(const float* x, std::size_t b) const noexcept {
@@ -527,7 +552,7 @@ class key_index {
     acc.assign(dv_, 0.0);
     check_.resize(d_);
     for (std::size_t t = 0; t < n_; ++t) {
-      detail::row_to_float(kv.value(t), check_.data(), dv_);
+      detail::value_to_float(kv, t, check_.data());
       for (std::size_t i = 0; i < dv_; ++i) acc[i] += double(check_[i]);
     }
     center_.assign(dv_, 0.0f);
@@ -535,7 +560,7 @@ class key_index {
       for (std::size_t i = 0; i < dv_; ++i) center_[i] = float(acc[i] / double(n_));
     dist_.assign(blocks() * kBlockTokens, 0.0f);
     for (std::size_t t = 0; t < n_; ++t) {  // the same bits as from the 16-bit row
-      detail::row_to_float(kv.value(t), check_.data(), dv_);
+      detail::value_to_float(kv, t, check_.data());
       dist_[t] = value_distance_bound(check_.data(), center_, dv_);
     }
     sort_.assign(dist_.begin(), dist_.begin() + std::ptrdiff_t(n_));
@@ -559,6 +584,8 @@ class key_index {
 
   std::size_t d_ = 0, dv_ = 0, dp_ = 0, n_ = 0, next_refresh_ = 0;
   bool built_ = false;
+  cache_format format_ = cache_format::f16;   // what build() read, and every call must
+  float key_scale_ = 1.0f, value_scale_ = 1.0f;
   refresh_policy policy_ = refresh_policy::kOnDoubling;
   float max_abs_key_ = 0.0f;
   float cap_ = std::numeric_limits<float>::infinity();

@@ -1,10 +1,15 @@
 // How the library sees the caller's KV cache: a small concept for the cache of one
 // (layer, KV head) and adapters for the layouts engines use. Strides are runtime values
 // (as in mdspan's layout_stride and FlashInfer's paged_kv_t): templates vary only with the
-// element type, so one instantiation serves every layout of that type.
+// element type, so one instantiation serves every layout of that type. The element type is
+// a 16-bit or float element, or a quantized format (formats.hpp): ggml's 32-channel blocks,
+// whose strides count blocks, or fp8 codes with a scale per view.
 #pragma once
 
+#include <certattn/arch/decode_kernels.hpp>
+#include <certattn/arch/score_dot.hpp>
 #include <certattn/common.hpp>
+#include <certattn/formats.hpp>
 
 #include <algorithm>
 #include <concepts>
@@ -17,14 +22,15 @@
 namespace certattn {
 
 /// The cache of one KV head, as the certified call and the key index read it: `size()`
-/// tokens, oldest first, each with a key row of `head_dim()` contiguous elements and a
+/// tokens, oldest first, each with a key row of `head_dim()` contiguous channels and a
 /// value row of `head_dim()` of them, or of `value_dim()` when the view declares one (no
 /// more than head_dim; value_dim_of()). Rows may live anywhere (strided, paged); only the
-/// channels of one row must be contiguous.
+/// channels of one row must be contiguous. A row of a block format is head_dim / 32
+/// contiguous blocks; an fp8 view may declare key_scale() and value_scale() (else 1).
 template <class V>
 concept kv_view = requires(const V& v, std::size_t t) {
   typename V::element_type;
-  requires storage_element<typename V::element_type>;
+  requires kv_element<typename V::element_type>;
   { v.size() } -> std::convertible_to<std::size_t>;
   { v.head_dim() } -> std::convertible_to<std::size_t>;
   // Any pointer to the element type will do (an engine's accessors often return T*).
@@ -53,10 +59,33 @@ bool values_alias_keys(const KV& kv) noexcept {
     return false;
 }
 
-/// Keys and values in two arrays with runtime token strides (in elements). Covers
-/// token-major NHD ([token][kv_head][dim], stride = kv_heads * head_dim), head-major HND
-/// ([kv_head][token][dim], stride = head_dim) and any padded variant.
-template <storage_element T>
+/// The scales of an fp8 view (1 for every other format): the stored value of a channel is
+/// scale * code, rounded to float.
+template <kv_view KV>
+float key_scale_of(const KV& kv) noexcept {
+  if constexpr (requires { { kv.key_scale() } -> std::convertible_to<float>; })
+    return kv.key_scale();
+  else
+    return 1.0f;
+}
+template <kv_view KV>
+float value_scale_of(const KV& kv) noexcept {
+  if constexpr (requires { { kv.value_scale() } -> std::convertible_to<float>; })
+    return kv.value_scale();
+  else
+    return 1.0f;
+}
+
+/// The scales of an fp8 view, as the views below keep them (vLLM's k_scale and v_scale).
+struct fp8_scales {
+  float key = 1.0f, value = 1.0f;
+};
+
+/// Keys and values in two arrays with runtime token strides (in units of T: elements, or
+/// blocks of a block format). Covers token-major NHD ([token][kv_head][dim], stride =
+/// kv_heads * head_dim), head-major HND ([kv_head][token][dim], stride = head_dim) and
+/// any padded variant.
+template <kv_element T>
 class strided_kv {
  public:
   using element_type = T;
@@ -73,15 +102,28 @@ class strided_kv {
     if (dv_ > head_dim)
       throw error("value_dim (" + std::to_string(dv_) + ") > head_dim (" + std::to_string(head_dim) +
                   "): a value row may not be wider than a key row");
+    check_row_channels<T>(head_dim, "head_dim");
+    check_row_channels<T>(dv_, "value_dim");
     if (n_tokens > 0 && (keys == nullptr || values == nullptr))
       throw error("strided_kv: keys and values must not be null");
-    if (key_stride < head_dim && n_tokens > 1)
-      throw error("key_stride (" + std::to_string(key_stride) + ") < head_dim (" +
-                  std::to_string(head_dim) + "): rows would overlap");
-    if (value_stride < dv_ && n_tokens > 1)
-      throw error("value_stride (" + std::to_string(value_stride) + ") < value_dim (" +
-                  std::to_string(dv_) + "): rows would overlap");
+    const std::size_t ku = format_traits<T>::units(head_dim), vu = format_traits<T>::units(dv_);
+    if (key_stride < ku && n_tokens > 1)
+      throw error("key_stride (" + std::to_string(key_stride) + ") < " +
+                  row_extent<T>(head_dim, "head_dim") + ": rows would overlap");
+    if (value_stride < vu && n_tokens > 1)
+      throw error("value_stride (" + std::to_string(value_stride) + ") < " +
+                  row_extent<T>(dv_, "value_dim") + ": rows would overlap");
   }
+  /// The same view with an fp8 cache's scales (vLLM's k_scale, v_scale; finite, > 0).
+  strided_kv with_scales(fp8_scales s) const
+    requires fp8_element<T>
+  {
+    strided_kv v = *this;
+    v.scales_ = {check_cache_scale(s.key, "key scale"), check_cache_scale(s.value, "value scale")};
+    return v;
+  }
+  float key_scale() const noexcept { return scales_.key; }
+  float value_scale() const noexcept { return scales_.value; }
   std::size_t size() const noexcept { return n_; }
   std::size_t head_dim() const noexcept { return d_; }
   std::size_t value_dim() const noexcept { return dv_; }
@@ -89,8 +131,10 @@ class strided_kv {
   const T* value(std::size_t t) const noexcept { return values_ + t * value_stride_; }
   std::size_t key_stride() const noexcept { return key_stride_; }
   std::size_t value_stride() const noexcept { return value_stride_; }
-  /// True when every value row is a prefix of its key row (one array for both).
-  bool values_alias_keys() const noexcept { return values_ == keys_ && value_stride_ == key_stride_; }
+  /// True when every value row is a prefix of its key row (one array for both, one scale).
+  bool values_alias_keys() const noexcept {
+    return values_ == keys_ && value_stride_ == key_stride_ && scales_.key == scales_.value;
+  }
   /// The same cache seen with fewer tokens (a prefix), e.g. the state before an append.
   strided_kv prefix(std::size_t n) const noexcept {
     strided_kv v = *this;
@@ -102,21 +146,25 @@ class strided_kv {
   const T* keys_ = nullptr;
   const T* values_ = nullptr;
   std::size_t n_ = 0, d_ = 0, dv_ = 0, key_stride_ = 0, value_stride_ = 0;
+  fp8_scales scales_;
 };
 
-/// Head `head` of a token-major cache [token][kv_heads][head_dim] (llama.cpp's layout).
-template <storage_element T>
+/// Head `head` of a token-major cache [token][kv_heads][head_dim] (llama.cpp's layout; a
+/// q8_0 or q4_0 cache tensor's rows are [kv_heads * head_dim / 32] blocks).
+template <kv_element T>
 strided_kv<T> nhd_view(const T* keys, const T* values, std::size_t n_tokens,
                        std::size_t kv_heads, std::size_t head_dim, std::size_t head) {
   if (head >= kv_heads)
     throw error("head (" + std::to_string(head) + ") >= kv_heads (" + std::to_string(kv_heads) +
                 ")");
-  return strided_kv<T>(keys + head * head_dim, values + head * head_dim, n_tokens, head_dim,
-                       kv_heads * head_dim, kv_heads * head_dim);
+  check_row_channels<T>(head_dim, "head_dim");
+  const std::size_t u = format_traits<T>::units(head_dim);
+  return strided_kv<T>(keys + head * u, values + head * u, n_tokens, head_dim, kv_heads * u,
+                       kv_heads * u);
 }
 
 /// Head `head` of a head-major cache [kv_heads][capacity][head_dim] holding n_tokens.
-template <storage_element T>
+template <kv_element T>
 strided_kv<T> hnd_view(const T* keys, const T* values, std::size_t n_tokens,
                        std::size_t capacity, std::size_t kv_heads, std::size_t head_dim,
                        std::size_t head) {
@@ -126,18 +174,20 @@ strided_kv<T> hnd_view(const T* keys, const T* values, std::size_t n_tokens,
   if (n_tokens > capacity)
     throw error("n_tokens (" + std::to_string(n_tokens) + ") > capacity (" +
                 std::to_string(capacity) + ")");
-  return strided_kv<T>(keys + head * capacity * head_dim, values + head * capacity * head_dim,
-                       n_tokens, head_dim, head_dim, head_dim);
+  check_row_channels<T>(head_dim, "head_dim");
+  const std::size_t u = format_traits<T>::units(head_dim);
+  return strided_kv<T>(keys + head * capacity * u, values + head * capacity * u, n_tokens,
+                       head_dim, u, u);
 }
 
 /// A paged cache (vLLM, FlashInfer): fixed-size pages from a pool, a block table mapping
 /// the sequence's page number to a pool page. Within a page, token rows are `token_stride`
-/// elements apart; pages are `page_stride` elements apart; this head's rows start
-/// `head_offset` elements into a page. FlashInfer's HND pages [kv_heads][page_size][dim]:
+/// units of T (elements, or blocks of a block format) apart; pages are `page_stride` units
+/// apart; this head's rows start `head_offset` units into a page. FlashInfer's HND pages [kv_heads][page_size][dim]:
 /// token_stride = dim, head_offset = head * page_size * dim, page_stride = kv_heads *
 /// page_size * dim. vLLM/NHD pages [page_size][kv_heads][dim]: token_stride = kv_heads *
 /// dim, head_offset = head * dim.
-template <storage_element T>
+template <kv_element T>
 class paged_kv {
  public:
   using element_type = T;
@@ -149,6 +199,7 @@ class paged_kv {
         page_(page_size), d_(head_dim), page_stride_(page_stride),
         token_stride_(token_stride), head_offset_(head_offset) {
     if (head_dim == 0) throw error("head_dim must be > 0");
+    check_row_channels<T>(head_dim, "head_dim");
     if (page_size == 0) throw error("page_size must be > 0");
     if (n_tokens > 0 && (key_pages == nullptr || value_pages == nullptr))
       throw error("paged_kv: key_pages and value_pages must not be null");
@@ -156,14 +207,25 @@ class paged_kv {
       throw error("block_table has " + std::to_string(table_.size()) + " pages of " +
                   std::to_string(page_size) + " tokens, too few for n_tokens = " +
                   std::to_string(n_tokens));
-    if (token_stride < head_dim && page_size > 1)
-      throw error("token_stride < head_dim: rows would overlap");
+    if (token_stride < format_traits<T>::units(head_dim) && page_size > 1)
+      throw error("token_stride (" + std::to_string(token_stride) + ") < " +
+                  row_extent<T>(head_dim, "head_dim") + ": rows would overlap");
     for (std::size_t p = 0; p * page_size < n_tokens; ++p)
       if (table_[p] < 0) throw error("block_table[" + std::to_string(p) + "] is negative");
   }
   std::size_t size() const noexcept { return n_; }
   std::size_t head_dim() const noexcept { return d_; }
   std::size_t page_size() const noexcept { return page_; }
+  /// The same view with an fp8 cache's scales (vLLM's k_scale, v_scale; finite, > 0).
+  paged_kv with_scales(fp8_scales s) const
+    requires fp8_element<T>
+  {
+    paged_kv v = *this;
+    v.scales_ = {check_cache_scale(s.key, "key scale"), check_cache_scale(s.value, "value scale")};
+    return v;
+  }
+  float key_scale() const noexcept { return scales_.key; }
+  float value_scale() const noexcept { return scales_.value; }
   const T* key(std::size_t t) const noexcept { return keys_ + offset(t); }
   const T* value(std::size_t t) const noexcept { return values_ + offset(t); }
   paged_kv prefix(std::size_t n) const noexcept {
@@ -182,6 +244,7 @@ class paged_kv {
   std::span<const std::int32_t> table_;
   std::size_t n_ = 0, page_ = 0, d_ = 0, page_stride_ = 0, token_stride_ = 0,
               head_offset_ = 0;
+  fp8_scales scales_;
 };
 
 /// Multi-head latent attention in its absorbed form (DeepSeek-V2/V3, Kimi K2): one latent
@@ -190,7 +253,7 @@ class paged_kv {
 /// value(t) are the same pointer, and there is no value buffer. Rows are `row_stride`
 /// elements apart. The softmax scale is the model's (1/sqrt(192) for DeepSeek-V3), not
 /// 1/sqrt(head_dim): set options::softmax_scale.
-template <storage_element T>
+template <kv_element T>
 class latent_kv {
  public:
   using element_type = T;
@@ -203,8 +266,10 @@ class latent_kv {
       throw error("value_dim (" + std::to_string(value_dim) +
                   ") must lie in [1, head_dim = " + std::to_string(head_dim) +
                   "]: the values are a prefix of the key rows they alias");
+    check_row_channels<T>(head_dim, "head_dim");
+    check_row_channels<T>(value_dim, "value_dim");
     if (n_tokens > 0 && rows == nullptr) throw error("latent_kv: rows must not be null");
-    if (row_stride < head_dim && n_tokens > 1)
+    if (row_stride < format_traits<T>::units(head_dim) && n_tokens > 1)
       throw error("row_stride (" + std::to_string(row_stride) + ") < head_dim (" +
                   std::to_string(head_dim) + "): rows would overlap");
   }
@@ -215,6 +280,16 @@ class latent_kv {
   const T* value(std::size_t t) const noexcept { return rows_ + t * stride_; }
   std::size_t row_stride() const noexcept { return stride_; }
   bool values_alias_keys() const noexcept { return true; }
+  /// The same view with an fp8 cache's scale (one: the values are the key rows).
+  latent_kv with_scale(float s) const
+    requires fp8_element<T>
+  {
+    latent_kv v = *this;
+    v.scale_ = check_cache_scale(s, "scale");
+    return v;
+  }
+  float key_scale() const noexcept { return scale_; }
+  float value_scale() const noexcept { return scale_; }
   latent_kv prefix(std::size_t n) const noexcept {
     latent_kv v = *this;
     v.n_ = n < n_ ? n : n_;
@@ -224,6 +299,7 @@ class latent_kv {
  private:
   const T* rows_ = nullptr;
   std::size_t n_ = 0, d_ = 0, dv_ = 0, stride_ = 0;
+  float scale_ = 1.0f;
 };
 
 /// A kv_view's keys (or values) as the matrix_view the reference estimator takes, when its
@@ -237,20 +313,75 @@ matrix_view<T> values_matrix(const strided_kv<T>& kv) {
   return {kv.value(0), kv.size(), kv.value_dim(), kv.value_stride()};
 }
 
+/// The element type the kernels read for a view's rows: its own, or float for a quantized
+/// format, whose rows are decoded first.
+template <kv_view KV>
+using row_element_t = std::conditional_t<quantized_element<typename KV::element_type>, float,
+                                         typename KV::element_type>;
+
+namespace detail {
+/// Bytes of a stored key row and of a stored value row (what a read of one costs).
+template <kv_view KV>
+std::size_t key_row_bytes(const KV& kv) noexcept {
+  return format_traits<typename KV::element_type>::row_bytes(kv.head_dim());
+}
+template <kv_view KV>
+std::size_t value_row_bytes(const KV& kv) noexcept {
+  return format_traits<typename KV::element_type>::row_bytes(value_dim_of(kv));
+}
+/// Token t's key row as the kernels read it: in place, or decoded into `scratch`
+/// (head_dim floats) for a quantized format.
+template <kv_view KV>
+inline const row_element_t<KV>* key_row(const KV& kv, std::size_t t, float* scratch) noexcept {
+  if constexpr (quantized_element<typename KV::element_type>) {
+    decode_row(kv.key(t), kv.head_dim(), key_scale_of(kv), scratch);
+    return scratch;
+  } else {
+    return kv.key(t);
+  }
+}
+/// Token t's value row as the kernels read it (value_dim floats of scratch when decoded).
+template <kv_view KV>
+inline const row_element_t<KV>* value_row(const KV& kv, std::size_t t, float* scratch) noexcept {
+  if constexpr (quantized_element<typename KV::element_type>) {
+    decode_row(kv.value(t), value_dim_of(kv), value_scale_of(kv), scratch);
+    return scratch;
+  } else {
+    return kv.value(t);
+  }
+}
+/// Token t's key (value) row as floats, exact: the numbers every stage reads.
+template <kv_view KV>
+inline void key_to_float(const KV& kv, std::size_t t, float* out) noexcept {
+  if constexpr (quantized_element<typename KV::element_type>)
+    decode_row(kv.key(t), kv.head_dim(), key_scale_of(kv), out);
+  else
+    row_to_float(kv.key(t), out, kv.head_dim());
+}
+template <kv_view KV>
+inline void value_to_float(const KV& kv, std::size_t t, float* out) noexcept {
+  if constexpr (quantized_element<typename KV::element_type>)
+    decode_row(kv.value(t), value_dim_of(kv), value_scale_of(kv), out);
+  else
+    row_to_float(kv.value(t), out, value_dim_of(kv));
+}
+}  // namespace detail
+
 /// Dense copies of a kv_view's key and value rows ([size][head_dim] each, any layout), as
-/// the matrices the oracles take (exact_attention, reference_attend). Allocates: for
-/// checks, not for the decode path.
+/// the matrices the oracles take (exact_attention, reference_attend); a quantized cache's
+/// rows decoded to floats. Allocates: for checks, not for the decode path.
 template <kv_view KV>
 struct dense_rows {
-  using T = typename KV::element_type;
+  using T = row_element_t<KV>;
   std::vector<T> keys, values;
   std::size_t n = 0, d = 0, dv = 0;  // tokens, key channels, value channels
   explicit dense_rows(const KV& kv) : n(kv.size()), d(kv.head_dim()), dv(value_dim_of(kv)) {
     keys.resize(n * d);
     values.resize(n * dv);
+    std::vector<float> kbuf(d), vbuf(dv);
     for (std::size_t t = 0; t < n; ++t) {
-      const T* k = kv.key(t);
-      const T* v = kv.value(t);
+      const T* k = detail::key_row(kv, t, kbuf.data());
+      const T* v = detail::value_row(kv, t, vbuf.data());
       std::copy(k, k + d, keys.begin() + std::ptrdiff_t(t * d));
       std::copy(v, v + dv, values.begin() + std::ptrdiff_t(t * dv));
     }

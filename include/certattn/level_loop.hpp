@@ -96,7 +96,6 @@ struct head_state {
 /// functions take the level, token and score that vary per call.
 template <kv_view KV>
 struct head_loop : row_access {
-  using T = typename KV::element_type;
   using node = attend_workspace::node;
   static constexpr std::uint8_t kRefined = 1, kScored = 2;
 
@@ -294,10 +293,10 @@ struct head_loop : row_access {
     ++st.values_read;
     if (ws.record_) ws.recorded_[st.g].push_back({std::uint32_t(t), heavy_level});
     if (heavy_level <= level) {
-      st.exact.add_heavy(w, add_centered(kv.value(t), w, ws.exact_num_.data()).sq);
+      st.exact.add_heavy(w, add_centered(value_of(kv, t, cx), w, ws.exact_num_.data()).sq);
     } else {
       const double kappa = cx.design.weight(cx.dist[t]);
-      const row_norms nv = add_centered(kv.value(t), kappa, ws.light_sum_.data());
+      const row_norms nv = add_centered(value_of(kv, t, cx), kappa, ws.light_sum_.data());
       st.light.add(light_terms_of(t, w, nv));
       if (heavy_level <= cx.opt.max_levels)
         push(ws.transition_head_, std::size_t(heavy_level), std::uint32_t(t), s, kScored);
@@ -347,7 +346,7 @@ struct head_loop : row_access {
 
   /// One level's new keys: 8-bit refinement, exact keys, values; each pass prefetches.
   void process_level(int level) noexcept {
-    const std::size_t d = cx.d, dp = idx.padded_dim();
+    const std::size_t d = cx.d, dp = idx.padded_dim(), value_bytes = value_row_bytes(kv);
     const isa which = cx.kernels.which;
     std::size_t n_score = 0, n_include = 0;
     const std::uint32_t b0 = ws.bucket_start_[std::size_t(level)];
@@ -388,7 +387,7 @@ struct head_loop : row_access {
         double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
         if (cx.modified()) u8 = st.hv.score(u8, t);  // increasing: still a bound
         if (refine_candidate(t, u8, level)) {
-          prefetch_rows_l2(kv.key(t), d * sizeof(T));
+          prefetch_rows_l2(kv.key(t), cx.key_bytes);
           __builtin_prefetch(cx.dist + t);  // admit() reads its distance, at a random place
           ws.to_score_[n_score++] = t;
         }
@@ -397,24 +396,24 @@ struct head_loop : row_access {
     for (std::int32_t k = ws.pending_head_[std::size_t(level)]; k >= 0;) {
       const node nd = ws.nodes_[std::size_t(k)];
       if (nd.stage == kRefined) {
-        prefetch_rows_l2(kv.key(nd.token), d * sizeof(T));
+        prefetch_rows_l2(kv.key(nd.token), cx.key_bytes);
         __builtin_prefetch(cx.dist + nd.token);
         ws.to_score_[n_score++] = nd.token;
       } else {
         const std::size_t before = n_include;
         admit(nd.token, nd.score, level, n_include);
-        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), cx.dv * sizeof(T));
+        if (n_include != before) prefetch_rows_l2(kv.value(nd.token), value_bytes);
       }
       k = nd.next;
     }
     // Exact keys 8 at a time through the batched score (independent chains, same bits).
     for (std::size_t i = 0; i < n_score; i += 8) {
       const std::size_t m = std::min<std::size_t>(8, n_score - i);
-      const T* rows[8];
+      const row_element_t<KV>* rows[8];
       for (std::size_t j = 0; j < 8; ++j) {
         if (i + j + kPrefetchAhead < n_score)
-          prefetch_rows(kv.key(ws.to_score_[i + j + kPrefetchAhead]), d * sizeof(T));
-        rows[j] = kv.key(ws.to_score_[i + (j < m ? j : 0)]);
+          prefetch_rows(kv.key(ws.to_score_[i + j + kPrefetchAhead]), cx.key_bytes);
+        rows[j] = key_of(kv, ws.to_score_[i + (j < m ? j : 0)], cx, j);
       }
       double dots[8];
       score_dot8_fast(q, rows, d, which, dots);
@@ -424,12 +423,12 @@ struct head_loop : row_access {
         const std::size_t before = n_include;
         const double s = cx.scale * dots[j];
         admit(t, cx.modified() ? st.hv.score(s, t) : s, level, n_include);
-        if (n_include != before) prefetch_rows_l2(kv.value(t), cx.dv * sizeof(T));
+        if (n_include != before) prefetch_rows_l2(kv.value(t), value_bytes);
       }
     }
     for (std::size_t i = 0; i < n_include; ++i) {
       if (i + kPrefetchAhead < n_include)
-        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), cx.dv * sizeof(T));
+        prefetch_rows(kv.value(ws.to_include_[i + kPrefetchAhead].token), value_bytes);
       const auto& a = ws.to_include_[i];
       include(a.token, a.score, level, a.heavy_level);
     }
@@ -439,13 +438,13 @@ struct head_loop : row_access {
   /// light terms leave the light sums, their exact weight joins the exact part.
   __attribute__((always_inline)) void transitions(int level) noexcept {
     const std::int32_t first = ws.transition_head_[std::size_t(level)];
-    const std::size_t bytes = cx.dv * sizeof(T);
+    const std::size_t bytes = value_row_bytes(kv);
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next)
       prefetch_rows(kv.value(ws.nodes_[std::size_t(k)].token), bytes);
     for (std::int32_t k = first; k >= 0; k = ws.nodes_[std::size_t(k)].next) {
       const node& nd = ws.nodes_[std::size_t(k)];
       const double w = std::exp(nd.score - c);
-      const auto* v = kv.value(nd.token);
+      const auto* v = value_of(kv, nd.token, cx);
       const double kappa = cx.design.weight(cx.dist[nd.token]);
       // light_sum -= kappa (v - g), exact_num += w (v - g).
       const row_norms nv = add_centered(v, -kappa, ws.light_sum_.data());

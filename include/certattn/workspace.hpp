@@ -164,6 +164,7 @@ class attend_workspace {
     center_.assign(dv_, 0.0);
     o_hat_.assign(dv_, 0.0);
     c0_.assign(dv_, 0.0);
+    decoded_.assign(9 * head_dim, 0.0f);  // 8 key rows and a value row of a quantized cache
     dense_ws_ = dense_workspace(group, head_dim);
     exact_heads_.assign(group, 0);
     exact_q_.assign(group * head_dim, 0.0f);
@@ -261,6 +262,7 @@ class attend_workspace {
   std::vector<double> exact_num_, light_sum_, o_hat_, c0_;
   std::vector<double> window_num_;  // [group][value_dim]
   std::vector<double> center_;      // [value_dim] the index's value centre g (level_sums)
+  std::vector<float> decoded_;      // [9][head_dim] rows of a quantized cache, decoded
   group_stats stats_;
   dense_workspace dense_ws_;  // the exact answers' (one dense pass for all their heads)
   std::vector<std::uint32_t> exact_heads_;  // [group] heads answered exactly, this call

@@ -18,7 +18,7 @@ and its decode queries as .npy in the shapes `certattn-bench audit --kv/--querie
 (docs/accuracy.md): kv_layer<l>.npy [2, kv_heads, n_tokens, head_dim] and
 queries_layer<l>.npy [steps, kv_heads, group, head_dim], float32.
 
-    python3 python/examples/llama2c_torch.py                       # files from ../shared/data
+    python3 python/examples/llama2c_torch.py                       # files from examples/llama2c/data
     python3 python/examples/llama2c_torch.py --prompt-tokens 200 --steps 12 --out-dir /tmp/kv
 """
 import argparse
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import certattn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "data"))
+DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "examples", "llama2c", "data"))
 
 
 # --- model ---------------------------------------------------------------------------------
@@ -205,8 +205,8 @@ def log_softmax64(logits):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", default=DEFAULT_DATA, help="stories260K.bin, tok512.bin, austen.txt")
-    p.add_argument("--prompt-offset", type=int, default=2666632, help="byte offset in austen.txt")
+    p.add_argument("--data-dir", default=DEFAULT_DATA, help="stories260K.bin, tok512.bin, pride-and-prejudice.txt")
+    p.add_argument("--prompt-offset", type=int, default=51, help="byte offset in the prompt text")
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--eps", type=float, default=0.1)
@@ -224,15 +224,14 @@ def main(argv=None):
     p.add_argument("--json", default="", help="also write the summary as JSON")
     a = p.parse_args(argv)
 
-    files = {x: os.path.join(a.data_dir, x) for x in ("stories260K.bin", "tok512.bin", "austen.txt")}
+    files = {x: os.path.join(a.data_dir, x) for x in ("stories260K.bin", "tok512.bin", "pride-and-prejudice.txt")}
     missing = [f for f in files.values() if not os.path.exists(f)]
     if missing:
-        print(f"missing {', '.join(missing)} (the model files are not shipped with certattn; --data-dir)")
-        return 77
+        raise SystemExit(f"--data-dir: missing {', '.join(missing)}")
     torch.manual_seed(0)
     m = Llama2c(files["stories260K.bin"])
     tok = Tokenizer(files["tok512.bin"], m.vocab)
-    prompt = tok.encode(read_passage(files["austen.txt"], a.prompt_offset, 8 * a.prompt_tokens + 64))
+    prompt = tok.encode(read_passage(files["pride-and-prejudice.txt"], a.prompt_offset, 8 * a.prompt_tokens + 64))
     prompt = prompt[:a.prompt_tokens]
     P = len(prompt)
     if P < 2 or P >= m.seq_len:

@@ -47,8 +47,6 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("llama2c")
     rc = ex.main(["--data-dir", data, "--prompt-tokens", "200", "--steps", "10", "--out-dir", str(out / "kv"),
                   "--json", str(out / "summary.json")])
-    if rc == 77:
-        pytest.skip(f"model files absent from {data}")
     assert rc == 0
     with open(out / "summary.json") as f:
         return json.load(f), out / "kv"

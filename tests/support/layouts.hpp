@@ -1,12 +1,16 @@
 // Test helper: one synthetic cache copied into each layout the library adapts to
-// (head-major, token-major, paged with a shuffled block table) and each element type.
+// (head-major, token-major, paged with a shuffled block table) and each element type,
+// quantized formats included (their rows encoded from the synthetic floats; an fp8
+// cache's scale fixed per head from its largest channel).
 #pragma once
 
 #include <certattn/layout.hpp>
 #include <certattn/testing/synthetic.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -20,26 +24,49 @@ inline std::string to_string(layout_kind k) {
 }
 
 /// The cache of all KV heads in one layout and element type. Views are per head.
-template <storage_element T>
+template <kv_element T>
 struct layout_cache {
   layout_kind kind = layout_kind::kHnd;
   std::size_t n = 0, d = 0, heads = 0, page = 16;
   std::vector<T> keys, values;
   std::vector<std::int32_t> table;
+  std::vector<fp8_scales> scales;  // per head (fp8 only)
 
   strided_kv<T> strided(std::size_t h) const {
-    if (kind == layout_kind::kHnd)
-      return hnd_view(keys.data(), values.data(), n, n, heads, d, h);
-    return nhd_view(keys.data(), values.data(), n, heads, d, h);
+    const strided_kv<T> v = kind == layout_kind::kHnd
+                                ? hnd_view(keys.data(), values.data(), n, n, heads, d, h)
+                                : nhd_view(keys.data(), values.data(), n, heads, d, h);
+    if constexpr (fp8_element<T>)
+      return v.with_scales(scales[h]);
+    else
+      return v;
   }
   paged_kv<T> paged(std::size_t h) const {
     // FlashInfer-style HND pages: [pages][heads][page][d].
-    return paged_kv<T>(keys.data(), values.data(), table, n, page, d, heads * page * d, d,
-                       h * page * d);
+    const std::size_t u = format_traits<T>::units(d);
+    const paged_kv<T> v(keys.data(), values.data(), table, n, page, d, heads * page * u, u,
+                        h * page * u);
+    if constexpr (fp8_element<T>)
+      return v.with_scales(scales[h]);
+    else
+      return v;
   }
 };
 
-template <storage_element T>
+/// One row of floats stored as T (rounded, or quantized with `scale` for fp8).
+template <kv_element T>
+void store_row(const float* x, std::size_t d, float scale, T* out) {
+  if constexpr (storage_element<T>) {
+    for (std::size_t i = 0; i < d; ++i) out[i] = T(x[i]);
+  } else if constexpr (fp8_element<T>) {
+    quantize_row(x, d, scale, out);
+  } else {
+    (void)scale;
+    quantize_row(x, d, out);
+  }
+}
+
+template <kv_element T>
 layout_cache<T> make_layout_cache(const synthetic::kv_cache& src, layout_kind kind,
                                   std::uint64_t seed = 7) {
   layout_cache<T> c;
@@ -47,7 +74,8 @@ layout_cache<T> make_layout_cache(const synthetic::kv_cache& src, layout_kind ki
   c.n = src.config.n_tokens;
   c.d = src.config.head_dim;
   c.heads = src.config.kv_heads;
-  const std::size_t n = c.n, d = c.d, H = c.heads;
+  const std::size_t n = c.n, H = c.heads;
+  const std::size_t d = format_traits<T>::units(c.d);  // units of T per row
   std::size_t pages = (n + c.page - 1) / c.page;
   c.keys.resize((kind == layout_kind::kPaged ? pages * c.page : n) * H * d);
   c.values.resize(c.keys.size());
@@ -57,7 +85,19 @@ layout_cache<T> make_layout_cache(const synthetic::kv_cache& src, layout_kind ki
     std::mt19937_64 rng(seed);
     std::shuffle(c.table.begin(), c.table.end(), rng);
   }
-  for (std::size_t h = 0; h < H; ++h)
+  c.scales.assign(H, {});
+  std::vector<float> key(c.d), value(c.d);
+  for (std::size_t h = 0; h < H; ++h) {
+    if constexpr (fp8_element<T>) {  // the largest channel at a quarter of the format's range
+      float km = 0.0f, vm = 0.0f;
+      for (std::size_t t = 0; t < n; ++t)
+        for (std::size_t i = 0; i < c.d; ++i) {
+          km = std::max(km, std::fabs(float(src.key_row(h, t)[i])));
+          vm = std::max(vm, std::fabs(float(src.value_row(h, t)[i])));
+        }
+      const float range = std::is_same_v<T, fp8_e4m3> ? 112.0f : 14336.0f;
+      c.scales[h] = {km > 0.0f ? km / range : 1.0f, vm > 0.0f ? vm / range : 1.0f};
+    }
     for (std::size_t t = 0; t < n; ++t) {
       std::size_t off;
       switch (kind) {
@@ -66,11 +106,14 @@ layout_cache<T> make_layout_cache(const synthetic::kv_cache& src, layout_kind ki
         default:
           off = ((std::size_t(c.table[t / c.page]) * H + h) * c.page + t % c.page) * d;
       }
-      for (std::size_t i = 0; i < d; ++i) {
-        c.keys[off + i] = T(float(src.key_row(h, t)[i]));
-        c.values[off + i] = T(float(src.value_row(h, t)[i]));
+      for (std::size_t i = 0; i < c.d; ++i) {
+        key[i] = float(src.key_row(h, t)[i]);
+        value[i] = float(src.value_row(h, t)[i]);
       }
+      store_row(key.data(), c.d, c.scales[h].key, c.keys.data() + off);
+      store_row(value.data(), c.d, c.scales[h].value, c.values.data() + off);
     }
+  }
   return c;
 }
 

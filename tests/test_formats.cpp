@@ -1,0 +1,344 @@
+// The quantized cache formats (formats.hpp): ggml's block_q8_0 and block_q4_0 layouts bit
+// for bit, the fp8 codes' values, the row decoders the same bits on every instruction set,
+// and for each format on each layout: the fast path computes what the reference computes
+// over the decoded cache (same levels, samples token by token, beta to 1e-9), every
+// certified head is within epsilon of exact attention over the decoded cache, outputs are
+// the same bits on every instruction set, a steady-state call does not allocate, and the
+// dense kernel agrees with exact attention. Bad input gets an error naming the argument.
+#include "support/count_allocations.hpp"
+
+#include <certattn/attend.hpp>
+#include <certattn/dense.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/reference.hpp>
+
+#include "support/layouts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace certattn;
+using test::layout_kind;
+
+TEST(FormatLayout, BlocksMatchGgml) {
+  EXPECT_EQ(sizeof(block_q8_0), 34u);
+  EXPECT_EQ(offsetof(block_q8_0, qs), 2u);
+  EXPECT_EQ(sizeof(block_q4_0), 18u);
+  EXPECT_EQ(offsetof(block_q4_0, qs), 2u);
+  // x = d * q; x = d * (nibble - 8), channel i low nibble of qs[i], 16 + i its high nibble.
+  block_q8_0 b8{};
+  b8.d = half(0.5f);
+  for (int i = 0; i < 32; ++i) b8.qs[i] = std::int8_t(i - 16);
+  block_q4_0 b4{};
+  b4.d = half(-0.25f);
+  for (int i = 0; i < 16; ++i) b4.qs[i] = std::uint8_t(i | ((15 - i) << 4));
+  float x[32];
+  detail::decode_row_scalar(&b8, 32, 1.0f, x);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(x[i], 0.5f * float(i - 16));
+  detail::decode_row_scalar(&b4, 32, 1.0f, x);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(x[i], -0.25f * float(i - 8));
+    EXPECT_EQ(x[16 + i], -0.25f * float(15 - i - 8));
+  }
+}
+
+TEST(FormatLayout, Fp8CodeValues) {
+  using detail::fp8_e4m3_value;
+  EXPECT_EQ(fp8_e4m3_value(0x7E), 448.0f);        // the largest
+  EXPECT_EQ(fp8_e4m3_value(0x38), 1.0f);          // exponent 7 = bias
+  EXPECT_EQ(fp8_e4m3_value(0x08), 0x1p-6f);       // the smallest normal
+  EXPECT_EQ(fp8_e4m3_value(0x01), 0x1p-9f);       // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3_value(0xC0), -2.0f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_value(0x7F)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_value(0xFF)));
+  EXPECT_EQ(detail::fp8_e5m2_value(0x7B), 57344.0f);
+  EXPECT_EQ(detail::fp8_e5m2_value(0x3C), 1.0f);
+  EXPECT_EQ(detail::fp8_e5m2_value(0x01), 0x1p-16f);
+  EXPECT_TRUE(std::isinf(detail::fp8_e5m2_value(0x7C)));
+  // The encoders round to nearest and saturate (e4m3).
+  const float in[4] = {1.0f, 1000.0f, -0.0f, 3.3f};
+  fp8_e4m3 c[4];
+  quantize_row(in, 4, 1.0f, c);
+  EXPECT_EQ(c[0].bits, 0x38);
+  EXPECT_EQ(c[1].bits, 0x7E);
+  EXPECT_EQ(c[2].bits, 0x80);
+  EXPECT_EQ(fp8_e4m3_value(c[3].bits), 3.25f);
+  fp8_e5m2 e[4];
+  quantize_row(in, 4, 1.0f, e);
+  EXPECT_EQ(detail::fp8_e5m2_value(e[0].bits), 1.0f);
+  EXPECT_EQ(detail::fp8_e5m2_value(e[1].bits), 1024.0f);
+  EXPECT_EQ(detail::fp8_e5m2_value(e[3].bits), 3.5f);
+}
+
+template <class T>
+std::vector<T> random_units(std::size_t n, std::uint64_t seed) {
+  std::vector<T> v(n);
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> bytes(n * sizeof(T));
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  if constexpr (std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>)
+    for (auto& b : v) b.d = half(std::ldexp(float(rng() % 1000 + 1), int(rng() % 30) - 24));
+  return v;
+}
+
+template <class T>
+void decode_same_bits_on_every_isa() {
+  const std::size_t dims[] = {32, 128, 160, 576};
+  for (std::size_t d : dims) {
+    const std::vector<T> row = random_units<T>(format_traits<T>::units(d), d);
+    for (float scale : {1.0f, 0.0123f, 3.7e4f}) {
+      std::vector<float> want(d), got(d);
+      detail::decode_row_scalar(row.data(), d, scale, want.data());
+      for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+        if (int(a) > int(detected_isa())) continue;
+        set_isa_cap(a);
+        detail::decode_row(row.data(), d, scale, got.data());
+        set_isa_cap(isa::kAvx512Vnni);
+        for (std::size_t i = 0; i < d; ++i) {
+          if (std::isnan(want[i])) {
+            EXPECT_TRUE(std::isnan(got[i])) << to_string(a) << " channel " << i;
+            continue;
+          }
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+              << to_string(a) << " d " << d << " channel " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeKernels, SameBitsOnEveryIsa) {
+  decode_same_bits_on_every_isa<block_q8_0>();
+  decode_same_bits_on_every_isa<block_q4_0>();
+  decode_same_bits_on_every_isa<fp8_e4m3>();
+  decode_same_bits_on_every_isa<fp8_e5m2>();
+}
+
+// ---- the certified call over each format -----------------------------------------------
+
+struct format_case {
+  cache_format format;
+  layout_kind layout;
+  synthetic::regime kind;
+  std::size_t d, group, n;
+};
+
+std::string name_of(const format_case& c) {
+  return std::string(to_string(c.format)) + "_" + test::to_string(c.layout) + "_" +
+         std::string(synthetic::to_string(c.kind)) + "_d" + std::to_string(c.d) + "_G" +
+         std::to_string(c.group) + "_n" + std::to_string(c.n);
+}
+
+/// One call per ISA on the same index; the fast path against the reference, the
+/// certificate against exact attention, and the ISAs against each other.
+template <class T, class View>
+void check_format_call(const format_case& p, const View& kv, const synthetic::kv_cache& src,
+                       std::size_t head) {
+  const std::size_t n = p.n, d = p.d, G = p.group;
+  key_index idx(d);
+  const std::size_t n0 = n - std::min<std::size_t>(n / 4, 500);
+  idx.build(kv.prefix(n0));
+  for (std::size_t t = n0; t < n; ++t) idx.append(kv, t);
+  EXPECT_EQ(idx.format(), format_traits<T>::format);
+
+  const dense_rows<View> rows(kv);  // the decoded cache: what "exact" means
+  attend_workspace ws(G, d, n);
+  ws.record_samples(true);
+  options opt;
+  opt.seed = 5;
+  opt.route = routing::kOff;
+  std::size_t certified = 0;
+  for (std::uint64_t step : {1u, 2u}) {
+    const noise_key nk{step, 0, std::uint32_t(head)};
+    const std::vector<float> q = synthetic::make_queries(src, head, G, step);
+    std::vector<float> first_out;
+    std::vector<certificate> first_certs;
+    for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+      if (int(a) > int(detected_isa())) continue;
+      SCOPED_TRACE(std::string(to_string(a)) + " step " + std::to_string(step));
+      std::vector<float> out(G * d);
+      std::vector<certificate> certs(G);
+      set_isa_cap(a);
+      attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(out),
+                   std::span<certificate>(certs), ws);
+      set_isa_cap(isa::kAvx512Vnni);
+      ASSERT_EQ(ws.last_stats().bound_violations, 0u);
+      if (first_out.empty()) {
+        first_out = out;
+        first_certs = certs;
+      } else {
+        for (std::size_t i = 0; i < G * d; ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(first_out[i]))
+              << "output " << i << " differs across instruction sets";
+        for (std::size_t g = 0; g < G; ++g) {
+          ASSERT_EQ(certs[g].level, first_certs[g].level);
+          ASSERT_EQ(certs[g].beta, first_certs[g].beta);
+        }
+      }
+      const reference_extras extras{idx.value_center(), idx.value_cap(), idx.reach_floor()};
+      const std::vector<reference_result> refs = reference_attend_group(
+          std::span<const float>(q), G, rows.key_matrix(), rows.value_matrix(), opt, nk, extras);
+      for (std::size_t g = 0; g < G; ++g) {
+        const reference_result& r = refs[g];
+        const certificate& f = certs[g];
+        ASSERT_EQ(to_string(f.path), to_string(r.cert.path)) << "head " << g;
+        ASSERT_EQ(f.level, r.cert.level) << "head " << g;
+        ASSERT_EQ(f.sampled, r.cert.sampled) << "head " << g;
+        ASSERT_EQ(f.max_score, r.cert.max_score) << "head " << g;
+        if (!f.exact) {
+          EXPECT_NEAR(f.beta, r.cert.beta, 1e-9 * std::max(1.0, r.cert.beta));
+          std::set<std::uint32_t> fast, ref;
+          for (const auto& sk : ws.samples(g)) fast.insert(sk.token);
+          for (std::size_t t = 0; t < r.sample_level.size(); ++t)
+            if (r.sample_level[t] >= 0 && r.sample_level[t] <= f.level) ref.insert(std::uint32_t(t));
+          ASSERT_EQ(fast, ref) << "sample sets differ, head " << g;
+        }
+        // Within epsilon of exact attention over the decoded cache (false failure
+        // probability <= delta per certified head).
+        const exact_result ex = exact_attention(std::span<const float>(q.data() + g * d, d),
+                                                rows.key_matrix(), rows.value_matrix());
+        double err2 = 0.0;
+        for (std::size_t i = 0; i < d; ++i) {
+          const double e = double(out[g * d + i]) - ex.output[i];
+          err2 += e * e;
+        }
+        if (f.certified) {
+          ++certified;
+          EXPECT_LE(std::sqrt(err2), opt.epsilon * ex.value_scale) << "head " << g;
+        }
+      }
+    }
+  }
+  EXPECT_GT(certified, 0u);
+  // A steady-state call (same sizes) does not allocate.
+  const std::vector<float> q = synthetic::make_queries(src, head, G, 9);
+  std::vector<float> out(G * d);
+  std::vector<certificate> certs(G);
+  g_allocations = 0;
+  g_counting = true;
+  attend_group(std::span<const float>(q), G, kv, idx, noise_key{9, 0, std::uint32_t(head)}, opt,
+               std::span<float>(out), std::span<certificate>(certs), ws);
+  g_counting = false;
+  EXPECT_EQ(g_allocations.load(), 0);
+
+  // The dense kernel over the stored format against exact attention over the decoded rows.
+  dense_workspace dws(G, d);
+  dense_attend(std::span<const float>(q), G, kv, 0.0f, std::span<float>(out), dws);
+  for (std::size_t g = 0; g < G; ++g) {
+    const exact_result ex = exact_attention(std::span<const float>(q.data() + g * d, d),
+                                            rows.key_matrix(), rows.value_matrix());
+    for (std::size_t i = 0; i < d; ++i)
+      ASSERT_NEAR(out[g * d + i], ex.output[i], 2e-5 * std::max(1.0, ex.value_scale))
+          << "dense kernel, head " << g << " channel " << i;
+  }
+}
+
+template <class T>
+void run_format_case(const format_case& p) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = p.n;
+  cfg.head_dim = p.d;
+  cfg.kv_heads = 2;
+  cfg.kind = p.kind;
+  cfg.seed = 77 + p.n;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<T>(src, p.layout);
+  if (p.layout == layout_kind::kPaged)
+    check_format_call<T>(p, cache.paged(1), src, 1);
+  else
+    check_format_call<T>(p, cache.strided(1), src, 1);
+}
+
+class FormatCall : public ::testing::TestWithParam<format_case> {};
+
+TEST_P(FormatCall, FastPathIsReferenceAndCertifiedOverTheDecodedCache) {
+  const format_case& p = GetParam();
+  switch (p.format) {
+    case cache_format::q8_0: run_format_case<block_q8_0>(p); break;
+    case cache_format::q4_0: run_format_case<block_q4_0>(p); break;
+    case cache_format::fp8_e4m3: run_format_case<fp8_e4m3>(p); break;
+    default: run_format_case<fp8_e5m2>(p); break;
+  }
+}
+
+std::vector<format_case> format_cases() {
+  std::vector<format_case> c;
+  const cache_format formats[] = {cache_format::q8_0, cache_format::q4_0, cache_format::fp8_e4m3,
+                                  cache_format::fp8_e5m2};
+  const layout_kind layouts[] = {layout_kind::kHnd, layout_kind::kNhd, layout_kind::kPaged};
+  const synthetic::regime kinds[] = {synthetic::regime::kMixed, synthetic::regime::kPeaked,
+                                     synthetic::regime::kRecency};
+  std::size_t k = 0;
+  for (cache_format f : formats)
+    for (layout_kind l : layouts) {
+      const std::size_t d = k % 2 == 0 ? 128 : 64;
+      c.push_back({f, l, kinds[k % 3], d, k % 3 == 0 ? std::size_t(1) : std::size_t(4),
+                   k % 4 == 0 ? std::size_t(8192) : std::size_t(3000)});
+      ++k;
+    }
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(EachFormatAndLayout, FormatCall, ::testing::ValuesIn(format_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// ---- bad input --------------------------------------------------------------------------
+
+std::string message_of(auto&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FormatBadInput, ErrorsNameTheArgument) {
+  std::vector<block_q8_0> k8(64), v8(64);
+  EXPECT_NE(message_of([&] { hnd_view(k8.data(), v8.data(), 4, 4, 1, 48, 0); }).find("head_dim (48)"),
+            std::string::npos);
+  std::vector<fp8_e4m3> k(8 * 32), v(8 * 32);
+  const auto view = hnd_view(k.data(), v.data(), 8, 8, 1, 32, 0);
+  EXPECT_NE(message_of([&] { (void)view.with_scales({std::nanf(""), 1.0f}); }).find("key scale"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { (void)view.with_scales({1.0f, INFINITY}); }).find("value scale"),
+            std::string::npos);
+  // A NaN in a block's scale is a NaN key: the index names the token.
+  for (auto& b : k8) b.d = half(1.0f);
+  for (auto& b : v8) b.d = half(1.0f);
+  k8[3 * 4].d = half(std::nanf(""));
+  const auto q8 = hnd_view(k8.data(), v8.data(), 16, 16, 1, 128, 0);
+  key_index idx(128);
+  EXPECT_NE(message_of([&] { idx.build(q8); }).find("keys: token 3"), std::string::npos);
+  k8[3 * 4].d = half(1.0f);
+  idx.build(q8);
+  // An index built from one format refuses a view of another, and other fp8 scales.
+  std::vector<block_q4_0> k4(64), v4(64);
+  const auto q4 = hnd_view(k4.data(), v4.data(), 16, 16, 1, 128, 0);
+  EXPECT_NE(message_of([&] { idx.append(q4, 16); }).find("kv: a q4_0 cache"), std::string::npos);
+  std::vector<fp8_e5m2> k5(16 * 32), v5(16 * 32);
+  const auto e5 = hnd_view(k5.data(), v5.data(), 16, 16, 1, 32, 0).with_scales({2.0f, 2.0f});
+  key_index idx5(32);
+  idx5.build(e5);
+  attend_workspace ws(1, 32, 16);
+  std::vector<float> q(32, 0.1f), out(32);
+  std::vector<certificate> certs(1);
+  const auto other = hnd_view(k5.data(), v5.data(), 16, 16, 1, 32, 0).with_scales({1.0f, 2.0f});
+  EXPECT_NE(message_of([&] {
+              attend_group(std::span<const float>(q), 1, other, idx5, noise_key{}, options{},
+                           std::span<float>(out), std::span<certificate>(certs), ws);
+            }).find("differ from those the key index was built with"),
+            std::string::npos);
+}
+
+}  // namespace
