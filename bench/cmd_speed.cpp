@@ -413,7 +413,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   std::printf("\n");
   table.print(stdout);
   std::printf(
-      "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, fp16); speedup = median of "
+      "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, %s); speedup = median of "
       "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
       "group_stats.bytes_read / dense_bytes (K and V once); refined/call, lines/call = 8-bit refinements and "
       "cache lines of rows read at scattered places (8-bit codes, 8-bit block scales, pool keys and values) per "
@@ -422,7 +422,8 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
       "exact %% = query heads answered by exact attention (routed, over budget or fallback).\nx floor = cert ms / "
       "(the call's bytes at the read bandwidth measured with as many threads): 1 is a call at its memory floor.\n",
-      f.reps, f.kv_heads, f.group, f.head_dim);
+      f.reps, f.kv_heads, f.group, f.head_dim,
+      dtypes ? "dense = the dense kernel over the cache in its dtype" : "fp16");
 
   if (f.profile_stages) {
     std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};

@@ -2,8 +2,8 @@
 // fallback when no level certifies. One pass over the keys and values of a KV head for all
 // G query heads of its group, online softmax in fp32 (flash-decoding style), vectorised
 // per ISA in arch/<isa>/dense_kernels.hpp and chosen at run time. A quantized cache
-// (formats.hpp) is decoded a chunk of rows at a time into a float tile in L1, which the
-// float kernel then reads.
+// (formats.hpp) is decoded in registers by the AVX-512 kernel; elsewhere a chunk of rows
+// at a time is decoded into a float tile in L1, which the float kernel then reads.
 #pragma once
 
 #include <certattn/arch/avx2/dense_kernels.hpp>
@@ -112,6 +112,16 @@ struct dense_workspace_access {
 };
 
 using dense_chunk_fn = void (*)(const dense_chunk_args&);
+
+/// The AVX-512 kernel for a quantized element type T where it is active, else null (the
+/// caller decodes rows into a float tile for the float kernel).
+template <class T>
+inline dense_chunk_fn select_quantized_dense_kernel() noexcept {
+#if CERTATTN_X86
+  if (active_isa() == isa::kAvx512Vnni) return &avx512::dense::dense_chunk<T>;
+#endif
+  return nullptr;
+}
 
 /// The chunk kernel for element type T on the ISA active now.
 template <class T>
@@ -291,7 +301,10 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
                    dense_workspace& ws, const attention_variant& variant = {}) {
   using T = typename KV::element_type;
   using A = detail::dense_workspace_access;
-  constexpr bool decoded = quantized_element<T>;
+  // A quantized cache without the AVX-512 kernel: rows decoded into a float tile.
+  detail::dense_chunk_fn fused = nullptr;
+  if constexpr (quantized_element<T>) fused = detail::select_quantized_dense_kernel<T>();
+  const bool decoded = quantized_element<T> && fused == nullptr;
   const std::size_t d = kv.head_dim(), dv = value_dim_of(kv);
   if (group == 0) throw error("group must be > 0");
   if (begin > end)
@@ -329,20 +342,26 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   // A decoded chunk lives in the tile until the kernel has read it: no rows ahead (the
   // fill prefetches the next chunk's stored rows instead).
   args.prefetch_distance = decoded ? 0 : detail::dense_prefetch_rows;
+  if (fused != nullptr) {
+    args.key_scale = key_scale_of(kv);
+    args.value_scale = value_scale_of(kv);
+  }
   args.softcap = float(variant.logit_softcap);
   args.slopes = variant.alibi_slopes.empty() ? nullptr : variant.alibi_slopes.data();
   const double newest = kv.size() > 0 ? double(kv.size() - 1) : 0.0;
   constexpr std::size_t C = detail::dense_chunk_tokens;
   const std::size_t tile_stride = detail::dense_round16(d);
   detail::dense_run_units((end - begin + C - 1) / C, args,
-                          detail::select_dense_kernel<row_element_t<KV>>(), ws,
+                          fused != nullptr ? fused : detail::select_dense_kernel<row_element_t<KV>>(), ws,
                           [&](std::size_t u, const void** keys, const void** values) {
                             const std::size_t t0 = begin + u * C, n = end - t0 < C ? end - t0 : C;
-                            if constexpr (decoded)
-                              detail::dense_decode_rows(kv, t0, n, end, tile_stride, A::key_tile(ws),
-                                                        A::value_tile(ws), keys, values);
-                            else
-                              detail::dense_fill_rows(kv, t0, n, keys, values);
+                            if constexpr (quantized_element<T>)
+                              if (decoded) {
+                                detail::dense_decode_rows(kv, t0, n, end, tile_stride, A::key_tile(ws),
+                                                          A::value_tile(ws), keys, values);
+                                return n;
+                              }
+                            detail::dense_fill_rows(kv, t0, n, keys, values);
                             return n;
                           },
                           [&](std::size_t u, detail::dense_chunk_args& a) {

@@ -9,9 +9,11 @@
 #include <certattn/arch/dispatch.hpp>
 #include <certattn/arch/scalar/dense_kernels.hpp>
 #include <certattn/common.hpp>
+#include <certattn/formats.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -28,6 +30,21 @@
 #endif
 
 namespace certattn::detail::avx512::dense {
+
+/// Sixteen fp8 codes (widened to 16 bits) as the floats they stand for (before the view's
+/// scale): E5M2 is the high byte of a binary16; E4M3's exponent and mantissa shift into a
+/// binary16's (times 2^8, exact, subnormals included) and S.1111.111 is NaN.
+CERTATTN_TARGET_AVX512 inline __m512 fp8_to_float(fp8_e5m2, __m256i code) {
+  return _mm512_cvtph_ps(_mm256_slli_epi16(code, 8));
+}
+CERTATTN_TARGET_AVX512 inline __m512 fp8_to_float(fp8_e4m3, __m256i code) {
+  const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(code, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(mag, 7));
+  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+  return _mm512_mask_mov_ps(v, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F)),
+                            _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+}
 
 /// Sixteen consecutive elements of a cache row as floats.
 template <class T>
@@ -65,6 +82,61 @@ CERTATTN_TARGET_AVX512 inline __m512 load16_masked(const T* p, __mmask16 m) {
     const __m256 hi = _mm512_cvtpd_ps(_mm512_maskz_loadu_pd(__mmask8(m >> 8), p + 8));
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
   }
+}
+
+/// Sixteen channels [c, c + 16) of a row of T as floats (c a multiple of 16): a 16-bit,
+/// float or double row's elements, or a quantized row decoded in registers, the bits of
+/// decode_row() (formats.hpp): d * q, d * (nibble - 8), fl(scale * fp8 value).
+template <class T>
+CERTATTN_TARGET_AVX512 inline __m512 load16_at(const T* row, std::size_t c, float scale) {
+  if constexpr (std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>) {
+    (void)scale;
+    const T& b = row[c / 32];
+    std::uint16_t dbits;
+    std::memcpy(&dbits, &b.d, 2);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(short(dbits)));
+    if constexpr (std::is_same_v<T, block_q8_0>) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + c % 32));
+      return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    } else {
+      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+      if (c % 32 != 0) q = _mm_srli_epi16(q, 4);
+      q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+      return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q),
+                                                                  _mm512_set1_epi32(8))));
+    }
+  } else if constexpr (fp8_element<T>) {
+    const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
+    return _mm512_mul_ps(_mm512_set1_ps(scale), fp8_to_float(T{}, code));
+  } else {
+    (void)scale;
+    return load16(row + c);
+  }
+}
+
+/// The same for the channels of mask m only (zeros elsewhere, nothing read past them).
+template <class T>
+CERTATTN_TARGET_AVX512 inline __m512 load16_masked_at(const T* row, std::size_t c, __mmask16 m,
+                                                      float scale) {
+  if constexpr (std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>) {
+    // Block rows hold whole blocks of 32 channels: [c, c + 16) is always inside the row.
+    return _mm512_maskz_mov_ps(m, load16_at(row, c, scale));
+  } else if constexpr (fp8_element<T>) {
+    const __m256i code = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row + c));
+    return _mm512_maskz_mul_ps(m, _mm512_set1_ps(scale), fp8_to_float(T{}, code));
+  } else {
+    (void)scale;
+    return load16_masked(row + c, m);
+  }
+}
+
+/// Bytes of a row of n channels of T (for prefetches).
+template <class T>
+constexpr std::size_t row_bytes_of(std::size_t n) noexcept {
+  if constexpr (quantized_element<T>)
+    return format_traits<T>::row_bytes(n);
+  else
+    return n * sizeof(T);
 }
 
 /// exp(x) for x <= 88.7; below -104 the result is 0. Cephes' degree-6 polynomial on
@@ -131,7 +203,7 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
     if (first)
       for (std::size_t u = t; u < t + TB; ++u)
         if (const void* r = dense_ahead_row(a.key_rows, a.rows_ahead, u + a.prefetch_distance))
-          dense_prefetch_row(r, a.head_dim * sizeof(T));
+          dense_prefetch_row(r, row_bytes_of<T>(a.head_dim));
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -141,7 +213,7 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
       for (int g = 0; g < GB; ++g) qv[g] = _mm512_loadu_ps(q + g * a.q_stride + 16 * j);
 #pragma GCC unroll 16
       for (int u = 0; u < TB; ++u) {
-        const __m512 k = load16(rows[u] + 16 * j);
+        const __m512 k = load16_at(rows[u], 16 * j, a.key_scale);
 #pragma GCC unroll 4
         for (int g = 0; g < GB; ++g) acc[g * TB + u] = _mm512_fmadd_ps(qv[g], k, acc[g * TB + u]);
       }
@@ -152,7 +224,7 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
       for (int g = 0; g < GB; ++g) qv[g] = _mm512_loadu_ps(q + g * a.q_stride + 16 * full);
 #pragma GCC unroll 16
       for (int u = 0; u < TB; ++u) {
-        const __m512 k = load16_masked(rows[u] + 16 * full, tail);
+        const __m512 k = load16_masked_at(rows[u], 16 * full, tail, a.key_scale);
 #pragma GCC unroll 4
         for (int g = 0; g < GB; ++g) acc[g * TB + u] = _mm512_fmadd_ps(qv[g], k, acc[g * TB + u]);
       }
@@ -258,14 +330,15 @@ CERTATTN_TARGET_AVX512 inline void value_block(const dense_chunk_args& a, std::s
   for (std::size_t t = 0; t < a.n; ++t) {
     if (first)
       if (const void* r = dense_ahead_row(a.value_rows, a.rows_ahead, t + a.prefetch_distance))
-        dense_prefetch_row(r, a.value_dim * sizeof(T));
-    const T* v = static_cast<const T*>(a.value_rows[t]) + col0;
+        dense_prefetch_row(r, row_bytes_of<T>(a.value_dim));
+    const T* v = static_cast<const T*>(a.value_rows[t]);
     __m512 wv[GB];
 #pragma GCC unroll 4
     for (int g = 0; g < GB; ++g) wv[g] = _mm512_set1_ps(w[g * C + t]);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) {
-      const __m512 x = b + 1 < NB ? load16(v + 16 * b) : load16_masked(v + 16 * b, last);
+      const __m512 x = b + 1 < NB ? load16_at(v, col0 + 16 * b, a.value_scale)
+                                  : load16_masked_at(v, col0 + 16 * b, last, a.value_scale);
 #pragma GCC unroll 4
       for (int g = 0; g < GB; ++g) acc[g * NB + b] = _mm512_fmadd_ps(wv[g], x, acc[g * NB + b]);
     }

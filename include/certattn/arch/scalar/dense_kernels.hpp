@@ -55,6 +55,8 @@ struct dense_chunk_args {
   float softcap = 0.0f;
   const float* slopes = nullptr;  // [group] or null
   float position = 0.0f;
+  // An fp8 cache's scales (formats.hpp): a channel is fl(scale * code). 1 otherwise.
+  float key_scale = 1.0f, value_scale = 1.0f;
 };
 
 /// The variant's scores of the chunk, in place: s = cap tanh(s / cap), then
