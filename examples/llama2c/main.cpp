@@ -69,6 +69,7 @@ struct settings {
   std::string routing = "off";  // options.route: this model's contexts (<= 512 tokens) lie far
                                 // below the break-even, where auto answers nearly all exactly
   std::uint64_t seed = 1;
+  std::string kv_cache = "f16";  // the element format of both runs' caches
   bool strict = false;
   bool quiet = false;
 };
@@ -134,17 +135,19 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-/// Exact attention over the first n tokens of one layer's fp16 cache, all heads, in double.
-void exact_layer(const llama2c::config& c, const llama2c::state& s, int layer, std::size_t n,
-                 std::span<const float> q, std::span<float> out) {
+/// Exact attention over the first n tokens of one layer's cache (decoded, if quantized),
+/// all heads, in double.
+template <class Cache>
+void exact_layer(const llama2c::config& c, const llama2c::state<Cache>& s, int layer,
+                 std::size_t n, std::span<const float> q, std::span<float> out) {
   const std::size_t hs = std::size_t(c.head_size()), G = std::size_t(c.group());
   for (std::size_t h = 0; h < std::size_t(c.n_kv_heads); ++h) {
-    const auto kv =
-        certattn::nhd_view(s.keys(layer), s.values(layer), n, std::size_t(c.n_kv_heads), hs, h);
+    const auto kv = s.view(layer, n, h);
+    const certattn::dense_rows<std::remove_cv_t<decltype(kv)>> rows(kv);
     for (std::size_t g = 0; g < G; ++g) {
       const std::size_t qh = h * G + g;  // query heads h*G .. h*G+G-1 share KV head h
-      const auto r = certattn::exact_attention(q.subspan(qh * hs, hs), certattn::keys_matrix(kv),
-                                               certattn::values_matrix(kv));
+      const auto r = certattn::exact_attention(q.subspan(qh * hs, hs), rows.key_matrix(),
+                                               rows.value_matrix());
       for (std::size_t i = 0; i < hs; ++i) out[qh * hs + i] = float(r.output[i]);
     }
   }
@@ -171,9 +174,10 @@ struct certattn_tally {
 
 /// The certattn side: an index per (layer, KV head), built after prefill and appended
 /// each step, and one attend_group per (layer, KV head) per step.
+template <class Cache>
 class certattn_attention {
  public:
-  certattn_attention(const llama2c::config& c, const llama2c::state& s, const settings& cfg)
+  certattn_attention(const llama2c::config& c, const llama2c::state<Cache>& s, const settings& cfg)
       : c_(c),
         s_(s),
         hs_(std::size_t(c.head_size())),
@@ -206,10 +210,7 @@ class certattn_attention {
     return b;
   }
 
-  certattn::strided_kv<half> view(int layer, std::size_t n, std::size_t h) const {
-    return certattn::nhd_view(s_.keys(layer), s_.values(layer), n, std::size_t(c_.n_kv_heads), hs_,
-                              h);
-  }
+  auto view(int layer, std::size_t n, std::size_t h) const { return s_.view(layer, n, h); }
 
   /// After prefill: index every (layer, KV head) over the n tokens in the cache.
   void build(std::size_t n) {
@@ -262,8 +263,7 @@ class certattn_attention {
         if (!cert.certified || cert.exact) continue;
         // Check the promise against exact attention (untimed; a check, not part of decoding).
         const std::size_t qh = h * G_ + g;
-        const auto r = certattn::exact_attention(
-            q.subspan(qh * hs_, hs_), certattn::keys_matrix(kv), certattn::values_matrix(kv));
+        const auto r = certattn::exact_attention(q.subspan(qh * hs_, hs_), kv);
         double err2 = 0.0;
         for (std::size_t i = 0; i < hs_; ++i) {
           const double e = double(out[qh * hs_ + i]) - r.output[i];
@@ -284,7 +284,7 @@ class certattn_attention {
     return std::size_t(layer) * std::size_t(c_.n_kv_heads) + h;
   }
   const llama2c::config& c_;
-  const llama2c::state& s_;
+  const llama2c::state<Cache>& s_;
   std::size_t hs_, G_, min_tokens_ = 0;
   certattn::options opt_;
   certattn::attend_workspace ws_;
@@ -297,9 +297,10 @@ class certattn_attention {
 
 /// The dense side: exact attention in double for the outputs, and certattn::dense_attend
 /// (the library's fp32 dense kernel) timed on the same cache as the speed baseline.
+template <class Cache>
 class dense_attention {
  public:
-  dense_attention(const llama2c::config& c, const llama2c::state& s)
+  dense_attention(const llama2c::config& c, const llama2c::state<Cache>& s)
       : c_(c),
         s_(s),
         hs_(std::size_t(c.head_size())),
@@ -313,10 +314,8 @@ class dense_attention {
     if (timed_) {
       const auto t0 = clock_type::now();
       for (std::size_t h = 0; h < std::size_t(c_.n_kv_heads); ++h)
-        certattn::dense_attend(q.subspan(h * G_ * hs_, G_ * hs_), G_,
-                               certattn::nhd_view(s_.keys(layer), s_.values(layer), n,
-                                                  std::size_t(c_.n_kv_heads), hs_, h),
-                               0.0f, std::span<float>(scratch_), ws_);
+        certattn::dense_attend(q.subspan(h * G_ * hs_, G_ * hs_), G_, s_.view(layer, n, h), 0.0f,
+                               std::span<float>(scratch_), ws_);
       seconds_ += seconds_since(t0);
     }
     exact_layer(c_, s_, layer, n, q, out);
@@ -324,7 +323,7 @@ class dense_attention {
 
  private:
   const llama2c::config& c_;
-  const llama2c::state& s_;
+  const llama2c::state<Cache>& s_;
   std::size_t hs_, G_;
   certattn::dense_workspace ws_;
   std::vector<float> scratch_;
@@ -332,7 +331,9 @@ class dense_attention {
   double seconds_ = 0.0;
 };
 
-int run(const settings& cfg) {
+/// The example with the KV cache stored as Cache (--kv-cache).
+template <class Cache>
+int run_with(const settings& cfg) {
   const std::pair<const char*, const std::string*> files[] = {
       {"--model", &cfg.model_path}, {"--tokenizer", &cfg.tokenizer_path},
       {"--prompt-file", &cfg.prompt_path}};
@@ -361,9 +362,9 @@ int run(const settings& cfg) {
   }
   if (steps == 0) throw std::runtime_error("--steps must be > 0");
 
-  llama2c::state sc(c), sd(c);  // certattn run, dense run
-  certattn_attention cert_attn(c, sc, cfg);
-  dense_attention dense_attn(c, sd);
+  llama2c::state<Cache> sc(c), sd(c);  // certattn run, dense run
+  certattn_attention<Cache> cert_attn(c, sc, cfg);
+  dense_attention<Cache> dense_attn(c, sd);
   const double heads_x_steps = double(c.n_layers) * double(c.n_heads) * double(steps);
   cert_attn.set_delta(cfg.delta > 0.0 ? cfg.delta : cfg.delta_total / heads_x_steps);
   const certattn::options& opt = cert_attn.options();
@@ -475,10 +476,10 @@ int run(const settings& cfg) {
       opt.epsilon, a.violations, a.bound_violations);
   std::printf(
       "attention per step: certattn %.1f us (attend_group %.1f + append %.1f), dense "
-      "kernel %.1f us; index %zu bytes (fp16 KV %zu bytes)\n",
+      "kernel %.1f us; index %zu bytes (%s KV %zu bytes)\n",
       (a.attend_seconds + a.append_seconds) * us, a.attend_seconds * us, a.append_seconds * us,
-      dense_attn.dense_seconds() * us, cert_attn.index_bytes(),
-      2 * sc.key_cache.size() * sizeof(half));
+      dense_attn.dense_seconds() * us, cert_attn.index_bytes(), cfg.kv_cache.c_str(),
+      2 * sc.key_cache.size() * sizeof(Cache));
 
   if (!cfg.json_path.empty()) {
     std::FILE* f = std::fopen(cfg.json_path.c_str(), "w");
@@ -491,14 +492,14 @@ int run(const settings& cfg) {
         "\"delta_per_call\": %.6g, \"window\": %zu, \"min_tokens_for_certattn\": %zu,\n"
         " \"certattn_calls\": %zu, \"short_context_calls\": %zu, "
         "\"error_scale\": \"%s\", \"max_error_over_scale\": %.6g, \"certificate_violations\": %zu, "
-        "\"seed\": %llu,\n"
+        "\"seed\": %llu, \"kv_cache\": \"%s\",\n"
         " \"attn_us_per_step\": %.6g, \"append_us_per_step\": %.6g, "
         "\"dense_attn_us_per_step\": %.6g,\n"
         " \"text\": \"%s\"}\n",
         steps, agreement, mean_kl, kl_max, certified_frac, fallback_frac, keys_read_frac,
         bytes_read_frac, P, opt.epsilon, opt.delta, opt.window, cert_attn.min_tokens(), a.calls,
         a.short_calls, std::string(certattn::to_string(opt.scale)).c_str(), a.max_error,
-        a.violations, static_cast<unsigned long long>(opt.seed),
+        a.violations, static_cast<unsigned long long>(opt.seed), cfg.kv_cache.c_str(),
         (a.attend_seconds + a.append_seconds) * us, a.append_seconds * us,
         dense_attn.dense_seconds() * us, json_escape(text).c_str());
     std::fclose(f);
@@ -508,6 +509,14 @@ int run(const settings& cfg) {
     return EXIT_FAILURE;
   }
   return EXIT_SUCCESS;
+}
+
+int run(const settings& cfg) {
+  if (cfg.kv_cache == "fp8_e4m3") return run_with<certattn::fp8_e4m3>(cfg);
+  if (cfg.kv_cache == "fp8_e5m2") return run_with<certattn::fp8_e5m2>(cfg);
+  if (cfg.kv_cache == "q8_0") return run_with<certattn::block_q8_0>(cfg);
+  if (cfg.kv_cache == "q4_0") return run_with<certattn::block_q4_0>(cfg);
+  return run_with<half>(cfg);
 }
 
 }  // namespace
@@ -548,6 +557,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"off", "auto"}))
       ->capture_default_str();
   app.add_option("--seed", cfg.seed, "perturbation seed")->capture_default_str();
+  app.add_option("--kv-cache", cfg.kv_cache,
+                 "the KV cache's format in both runs: f16; fp8_e4m3 or fp8_e5m2 (vLLM's, scale 1); "
+                 "q8_0 or q4_0 (llama.cpp's 32-channel blocks: head_dim must be a multiple of 32)")
+      ->check(CLI::IsMember({"f16", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"}))
+      ->capture_default_str();
   app.add_flag("--strict", cfg.strict,
                "exit 1 if a certified result's error exceeds epsilon x scale (a test check)");
   app.add_flag("--quiet", cfg.quiet, "no per-step lines");

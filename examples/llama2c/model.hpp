@@ -5,6 +5,7 @@
 #pragma once
 
 #include <certattn/common.hpp>
+#include <certattn/layout.hpp>
 #include <certattn/memory.hpp>
 #include <cmath>
 #include <cstdint>
@@ -121,13 +122,19 @@ inline model load_model(const std::string& path) {
   return m;
 }
 
-/// Activations and the fp16 KV cache of one sequence. The cache of layer l is token-major,
-/// [seq_len][n_kv_heads][head_size] (llama.cpp's layout), so certattn::nhd_view describes
-/// one KV head of it.
+/// Activations and the KV cache of one sequence, its elements of type Cache: fp16 by
+/// default, or a quantized format (certattn/formats.hpp: fp8 codes with a scale of 1, vLLM's
+/// default when none is calibrated; ggml's 32-channel blocks where head_size allows). The
+/// cache of layer l is token-major, [seq_len][n_kv_heads][head_size] (llama.cpp's layout),
+/// so certattn::nhd_view describes one KV head of it.
+template <certattn::kv_element Cache = half>
 struct state {
+  using units = certattn::format_traits<Cache>;
   std::vector<float> x, xb, xb2, hb, hb2, q, k, v, att, logits;
-  certattn::large_vector<half> key_cache, value_cache;  // [layer][seq_len][kv_dim], huge pages
-  std::size_t layer_stride = 0;              // seq_len * kv_dim
+  certattn::large_vector<Cache> key_cache, value_cache;  // [layer][seq_len][kv units], huge pages
+  std::size_t kv_heads = 0, head_size = 0;
+  std::size_t token_units = 0;   // units of Cache per token row (kv_heads * head_size channels)
+  std::size_t layer_stride = 0;  // seq_len * token_units
 
   explicit state(const config& c)
       : x(std::size_t(c.dim)),
@@ -140,13 +147,48 @@ struct state {
         v(std::size_t(c.kv_dim())),
         att(std::size_t(c.dim)),
         logits(std::size_t(c.vocab_size)),
-        key_cache(std::size_t(c.n_layers) * std::size_t(c.seq_len) * std::size_t(c.kv_dim())),
-        value_cache(key_cache.size()),
-        layer_stride(std::size_t(c.seq_len) * std::size_t(c.kv_dim())) {}
+        kv_heads(std::size_t(c.n_kv_heads)),
+        head_size(std::size_t(c.head_size())),
+        token_units(kv_heads * units::units(head_size)),
+        layer_stride(std::size_t(c.seq_len) * token_units) {
+    certattn::check_row_channels<Cache>(head_size, "the model's head_dim");
+    key_cache.resize(std::size_t(c.n_layers) * layer_stride);
+    value_cache.resize(key_cache.size());
+  }
 
-  const half* keys(int layer) const { return key_cache.data() + std::size_t(layer) * layer_stride; }
-  const half* values(int layer) const {
+  const Cache* keys(int layer) const { return key_cache.data() + std::size_t(layer) * layer_stride; }
+  const Cache* values(int layer) const {
     return value_cache.data() + std::size_t(layer) * layer_stride;
+  }
+  /// KV head h of layer l over its first n tokens.
+  auto view(int layer, std::size_t n, std::size_t h) const {
+    const auto kv = certattn::nhd_view(keys(layer), values(layer), n, kv_heads, head_size, h);
+    if constexpr (certattn::fp8_element<Cache>)
+      return kv.with_scales({1.0f, 1.0f});
+    else
+      return kv;
+  }
+  /// Writes token pos's keys and values (kv_heads * head_size floats each) to layer l.
+  void store(int layer, std::size_t pos, const float* key, const float* value) {
+    Cache* kd = key_cache.data() + std::size_t(layer) * layer_stride + pos * token_units;
+    Cache* vd = value_cache.data() + std::size_t(layer) * layer_stride + pos * token_units;
+    if constexpr (certattn::storage_element<Cache>) {
+      for (std::size_t i = 0; i < kv_heads * head_size; ++i) {
+        kd[i] = Cache(key[i]);
+        vd[i] = Cache(value[i]);
+      }
+    } else {
+      const std::size_t u = units::units(head_size);
+      for (std::size_t h = 0; h < kv_heads; ++h) {
+        if constexpr (certattn::fp8_element<Cache>) {
+          certattn::quantize_row(key + h * head_size, head_size, 1.0f, kd + h * u);
+          certattn::quantize_row(value + h * head_size, head_size, 1.0f, vd + h * u);
+        } else {
+          certattn::quantize_row(key + h * head_size, head_size, kd + h * u);
+          certattn::quantize_row(value + h * head_size, head_size, vd + h * u);
+        }
+      }
+    }
   }
 };
 
@@ -173,8 +215,8 @@ inline void rmsnorm(float* out, const float* x, const float* weight, std::size_t
 /// pos, calls attention(layer, n_tokens = pos + 1, q [n_heads][head_size],
 /// out [n_heads][head_size]), then the output projection and the SwiGLU FFN. Returns the
 /// logits.
-template <class Attention>
-const std::vector<float>& forward(const model& m, state& s, int token, int pos,
+template <class Cache, class Attention>
+const std::vector<float>& forward(const model& m, state<Cache>& s, int token, int pos,
                                   Attention&& attention) {
   const config& c = m.cfg;
   const weights& w = m.w;
@@ -201,13 +243,8 @@ const std::vector<float>& forward(const model& m, state& s, int token, int pos,
       rotate(s.q.data());
       if (i < kv_dim) rotate(s.k.data());
     }
-    // The engine's cache is fp16: keys and values are rounded once, when written.
-    half* kdst = s.key_cache.data() + lu * s.layer_stride + std::size_t(pos) * kv_dim;
-    half* vdst = s.value_cache.data() + lu * s.layer_stride + std::size_t(pos) * kv_dim;
-    for (std::size_t i = 0; i < kv_dim; ++i) {
-      kdst[i] = half(s.k[i]);
-      vdst[i] = half(s.v[i]);
-    }
+    // The engine's cache (fp16, or quantized): keys and values are rounded once, when written.
+    s.store(l, std::size_t(pos), s.k.data(), s.v.data());
 
     attention(l, std::size_t(pos) + 1, std::span<const float>(s.q), std::span<float>(s.att));
 
