@@ -97,7 +97,32 @@ void require(const void* p, const char* name) {
   if (p == nullptr) throw error(std::string(name) + " must not be NULL");
 }
 
-// The cache as the C++ adapters see it: f(kv) with kv a strided_kv<T> or paged_kv<T>.
+/// An fp8 cache's scale field: 0 means 1.
+float fp8_scale(float s) { return s == 0.0f ? 1.0f : s; }
+
+/// The view with the cache's fp8 scales; other dtypes must leave them 0 or 1.
+template <class T, class View>
+auto with_scales(const certattn_cache& c, const View& kv) {
+  if constexpr (certattn::fp8_element<T>) {
+    if constexpr (requires { kv.with_scale(1.0f); }) {
+      if (c.value_scale != 0.0f && c.value_scale != c.key_scale)
+        throw error("cache.value_scale must be 0 or equal to cache.key_scale for the latent layout "
+                    "(the values are the key rows)");
+      return kv.with_scale(certattn::check_cache_scale(fp8_scale(c.key_scale), "cache.key_scale"));
+    } else {
+      return kv.with_scales({certattn::check_cache_scale(fp8_scale(c.key_scale), "cache.key_scale"),
+                             certattn::check_cache_scale(fp8_scale(c.value_scale), "cache.value_scale")});
+    }
+  } else {
+    if ((c.key_scale != 0.0f && c.key_scale != 1.0f) || (c.value_scale != 0.0f && c.value_scale != 1.0f))
+      throw error("cache.key_scale and cache.value_scale apply to fp8 caches only: leave them 0 (got " +
+                  std::to_string(c.key_scale) + ", " + std::to_string(c.value_scale) + ")");
+    return kv;
+  }
+}
+
+// The cache as the C++ adapters see it: f(kv) with kv a strided_kv<T>, paged_kv<T> or
+// latent_kv<T> (with its fp8 scales).
 template <class T, class F>
 void with_layout(const certattn_cache& c, F&& f) {
   const T* k = static_cast<const T*>(c.keys);
@@ -106,14 +131,14 @@ void with_layout(const certattn_cache& c, F&& f) {
     if (v != nullptr && v != k)
       throw error("cache.values must be NULL or equal to cache.keys for the latent layout (the values "
                   "are the first value_dim channels of the key rows)");
-    f(certattn::latent_kv<T>(k, c.n_tokens, c.head_dim, c.value_dim, c.key_stride));
+    f(with_scales<T>(c, certattn::latent_kv<T>(k, c.n_tokens, c.head_dim, c.value_dim, c.key_stride)));
     return;
   }
   if (c.value_dim != 0 && c.value_dim != c.head_dim)
     throw error("cache.value_dim = " + std::to_string(c.value_dim) +
                 ": a value width other than head_dim needs the latent layout");
   if (c.layout == CERTATTN_LAYOUT_STRIDED) {
-    f(certattn::strided_kv<T>(k, v, c.n_tokens, c.head_dim, c.key_stride, c.value_stride));
+    f(with_scales<T>(c, certattn::strided_kv<T>(k, v, c.n_tokens, c.head_dim, c.key_stride, c.value_stride)));
   } else {
     if (c.block_table == nullptr && c.block_table_len > 0)
       throw error("cache.block_table is NULL but cache.block_table_len is " +
@@ -121,8 +146,8 @@ void with_layout(const certattn_cache& c, F&& f) {
     if (c.block_table == nullptr && c.n_tokens > 0)
       throw error("cache.block_table must not be NULL for a paged cache with tokens");
     const std::span<const std::int32_t> table(c.block_table, c.block_table_len);
-    f(certattn::paged_kv<T>(k, v, table, c.n_tokens, c.page_size, c.head_dim, c.page_stride,
-                            c.token_stride, c.head_offset));
+    f(with_scales<T>(c, certattn::paged_kv<T>(k, v, table, c.n_tokens, c.page_size, c.head_dim,
+                                              c.page_stride, c.token_stride, c.head_offset)));
   }
 }
 
@@ -145,9 +170,13 @@ void with_cache(const certattn_cache* c, F&& f) {
     case CERTATTN_DTYPE_F16: return with_layout<certattn::half>(*c, f);
     case CERTATTN_DTYPE_BF16: return with_layout<certattn::bfloat16>(*c, f);
     case CERTATTN_DTYPE_F32: return with_layout<float>(*c, f);
+    case CERTATTN_DTYPE_Q8_0: return with_layout<certattn::block_q8_0>(*c, f);
+    case CERTATTN_DTYPE_Q4_0: return with_layout<certattn::block_q4_0>(*c, f);
+    case CERTATTN_DTYPE_FP8_E4M3: return with_layout<certattn::fp8_e4m3>(*c, f);
+    case CERTATTN_DTYPE_FP8_E5M2: return with_layout<certattn::fp8_e5m2>(*c, f);
     default:
       throw error("cache.dtype = " + std::to_string(c->dtype) +
-                  " is not a certattn_dtype (0 f16, 1 bf16, 2 f32)");
+                  " is not a certattn_dtype (0 f16, 1 bf16, 2 f32, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2)");
   }
 }
 
@@ -581,19 +610,13 @@ int exact_attention_call(const char* fn, const float* query, const certattn_cach
     if (!(softmax_scale >= 0.0) || !std::isfinite(softmax_scale))
       throw error("softmax_scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
     with_cache(cache, [&](const auto& kv) {
-      using T = typename std::decay_t<decltype(kv)>::element_type;
       const std::size_t n = kv.size(), d = kv.head_dim(), dv = certattn::value_dim_of(kv);
       if (n == 0) throw error("cache.n_tokens: the cache is empty");
-      // Gathered into contiguous rows: one code path for every layout (a check, not a
-      // hot path).
-      std::vector<T> keys(n * d), values(n * dv);
-      for (std::size_t t = 0; t < n; ++t) {
-        std::memcpy(&keys[t * d], kv.key(t), d * sizeof(T));
-        std::memcpy(&values[t * dv], kv.value(t), dv * sizeof(T));
-      }
+      // Gathered into contiguous rows (a quantized cache's decoded): one code path for every
+      // layout (a check, not a hot path).
+      const certattn::dense_rows<std::decay_t<decltype(kv)>> rows(kv);
       const certattn::exact_result r = certattn::exact_attention(
-          std::span<const float>(query, d), certattn::make_matrix_view(keys.data(), n, d),
-          certattn::make_matrix_view(values.data(), n, dv), softmax_scale,
+          std::span<const float>(query, d), rows.key_matrix(), rows.value_matrix(), softmax_scale,
           variant != nullptr ? to_cpp(*variant, 1) : certattn::attention_variant{});
       for (std::size_t i = 0; i < dv; ++i) out[i] = r.output[i];
       if (result != nullptr) {

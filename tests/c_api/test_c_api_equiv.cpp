@@ -1,6 +1,7 @@
 // The C ABI gives exactly what the C++ API gives: the same outputs (bit for bit) and the
 // same certificates for the same cache, index, options and noise key, for every element
-// type, strided and paged layouts, with and without a group_history; the C handles hold
+// type (the quantized formats included), strided and paged layouts, with and without a
+// group_history; the C handles hold
 // the C++ objects, so an index built through C equals one built in C++. And the C calls
 // that the C++ side makes without allocating (certified and dense calls, index appends
 // within a reservation) allocate nothing either. Deterministic: no statistical check.
@@ -34,6 +35,10 @@ template <class T>
 constexpr std::int32_t dtype_of() {
   if constexpr (std::is_same_v<T, half>) return CERTATTN_DTYPE_F16;
   if constexpr (std::is_same_v<T, bfloat16>) return CERTATTN_DTYPE_BF16;
+  if constexpr (std::is_same_v<T, block_q8_0>) return CERTATTN_DTYPE_Q8_0;
+  if constexpr (std::is_same_v<T, block_q4_0>) return CERTATTN_DTYPE_Q4_0;
+  if constexpr (std::is_same_v<T, fp8_e4m3>) return CERTATTN_DTYPE_FP8_E4M3;
+  if constexpr (std::is_same_v<T, fp8_e5m2>) return CERTATTN_DTYPE_FP8_E5M2;
   return CERTATTN_DTYPE_F32;
 }
 
@@ -45,6 +50,11 @@ certattn_cache describe(const test::layout_cache<T>& c, std::size_t n) {
   r.dtype = dtype_of<T>();
   r.n_tokens = n;
   r.head_dim = c.d;
+  if constexpr (fp8_element<T>) {
+    r.key_scale = c.scales[kHead].key;
+    r.value_scale = c.scales[kHead].value;
+  }
+  const std::size_t u = format_traits<T>::units(c.d);  // strides count blocks
   if (c.kind == layout_kind::kPaged) {
     r.layout = CERTATTN_LAYOUT_PAGED;
     r.keys = c.keys.data();
@@ -52,9 +62,9 @@ certattn_cache describe(const test::layout_cache<T>& c, std::size_t n) {
     r.block_table = c.table.data();
     r.block_table_len = c.table.size();
     r.page_size = c.page;
-    r.page_stride = c.heads * c.page * c.d;
-    r.token_stride = c.d;
-    r.head_offset = kHead * c.page * c.d;
+    r.page_stride = c.heads * c.page * u;
+    r.token_stride = u;
+    r.head_offset = kHead * c.page * u;
   } else {
     const auto v = c.strided(kHead);
     r.layout = CERTATTN_LAYOUT_STRIDED;
@@ -117,11 +127,11 @@ void expect_same(const certificate& a, const certattn_certificate& b, const std:
 struct equiv_case {
   synthetic::regime regime;
   layout_kind layout;
-  int dtype;  // 0 half, 1 bfloat16, 2 float
+  int dtype;  // 0 half, 1 bfloat16, 2 float, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2
 };
 
 std::string name_of(const testing::TestParamInfo<equiv_case>& p) {
-  static const char* types[] = {"f16", "bf16", "f32"};
+  static const char* types[] = {"f16", "bf16", "f32", "q8_0", "q4_0", "fp8_e4m3", "fp8_e5m2"};
   return std::string(synthetic::to_string(p.param.regime)) + "_" + test::to_string(p.param.layout) +
          "_" + types[p.param.dtype];
 }
@@ -290,10 +300,9 @@ void run_case(const equiv_case& p) {
     // The exact reference: the C++ function's bits.
     {
       const std::vector<float> q = synthetic::make_queries(src, kHead, 1, 77);
-      std::vector<T> k, v;
-      test::gather_head(kv, k, v);
-      const exact_result r = exact_attention(std::span<const float>(q), make_matrix_view(k.data(), n, d),
-                                             make_matrix_view(v.data(), n, d), 0.3);
+      const dense_rows<std::decay_t<decltype(kv)>> rows(kv);  // decoded, if quantized
+      const exact_result r = exact_attention(std::span<const float>(q), rows.key_matrix(),
+                                             rows.value_matrix(), 0.3);
       std::vector<double> o(d);
       certattn_exact_result cr;
       ASSERT_EQ(certattn_exact_attention(q.data(), &cc, 0.3, o.data(), &cr), CERTATTN_OK);
@@ -304,8 +313,8 @@ void run_case(const equiv_case& p) {
       EXPECT_EQ(cr.output_norm, r.output_norm);
       // With a variant (this head's entries).
       const attention_variant hv = head_slice(variant_opt.variant, 2);
-      const exact_result rv = exact_attention(std::span<const float>(q), make_matrix_view(k.data(), n, d),
-                                              make_matrix_view(v.data(), n, d), 0.3, hv);
+      const exact_result rv = exact_attention(std::span<const float>(q), rows.key_matrix(),
+                                              rows.value_matrix(), 0.3, hv);
       certattn_variant chv{hv.logit_softcap, hv.alibi_slopes.data(), hv.sinks.data(), hv.sliding_window};
       ASSERT_EQ(certattn_exact_attention_variant(q.data(), &cc, 0.3, &chv, o.data(), &cr), CERTATTN_OK);
       EXPECT_EQ(std::memcmp(o.data(), rv.output.data(), d * sizeof(double)), 0);
@@ -328,6 +337,10 @@ TEST_P(CApiEquivalence, SameBitsAndCertificatesAsTheCppCall) {
   switch (p.dtype) {
     case 0: run_case<half>(p); break;
     case 1: run_case<bfloat16>(p); break;
+    case 3: run_case<block_q8_0>(p); break;
+    case 4: run_case<block_q4_0>(p); break;
+    case 5: run_case<fp8_e4m3>(p); break;
+    case 6: run_case<fp8_e5m2>(p); break;
     default: run_case<float>(p); break;
   }
 }
@@ -339,10 +352,52 @@ std::vector<equiv_case> cases() {
       for (int t = 0; t < 3; ++t) c.push_back({r, l, t});
   c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 0});
   c.push_back({synthetic::regime::kExtreme, layout_kind::kPaged, 1});
+  for (int t = 3; t < 7; ++t)  // the quantized formats, each layout once
+    c.push_back({synthetic::regime::kMixed, layout_kind((t - 3) % 3), t});
+  c.push_back({synthetic::regime::kPeaked, layout_kind::kPaged, 3});
+  c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 5});
   return c;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CApiEquivalence, testing::ValuesIn(cases()), name_of);
+
+// Quantized caches: a scale on a non-fp8 cache, a bad fp8 scale, a block row that is not
+// whole blocks, and an index built from another format each give CERTATTN_EINVAL with a
+// message naming the field.
+TEST(CApiQuantized, BadInputNamesTheField) {
+  std::vector<fp8_e4m3> k(64 * 32), v(64 * 32);
+  certattn_cache c;
+  std::memset(&c, 0, sizeof c);
+  c.dtype = CERTATTN_DTYPE_FP8_E4M3;
+  c.layout = CERTATTN_LAYOUT_STRIDED;
+  c.keys = k.data();
+  c.values = v.data();
+  c.n_tokens = 64;
+  c.head_dim = 32;
+  c.key_stride = c.value_stride = 32;
+  certattn_index* idx = nullptr;
+  ASSERT_EQ(certattn_index_create(32, &idx), CERTATTN_OK);
+  auto fails_naming = [&](const char* field) {
+    EXPECT_EQ(certattn_index_build(idx, &c), CERTATTN_EINVAL) << field;
+    EXPECT_NE(std::string(certattn_last_error()).find(field), std::string::npos) << certattn_last_error();
+  };
+  c.key_scale = -1.0f;
+  fails_naming("cache.key_scale");
+  c.key_scale = 0.5f;
+  c.value_scale = NAN;
+  fails_naming("cache.value_scale");
+  c.value_scale = 0.0f;
+  ASSERT_EQ(certattn_index_build(idx, &c), CERTATTN_OK);
+  c.key_scale = 0.25f;  // another scale than the index's
+  EXPECT_EQ(certattn_index_append(idx, &c, 63), CERTATTN_EINVAL);
+  c.dtype = CERTATTN_DTYPE_F16;  // scales on a 16-bit cache
+  fails_naming("cache.key_scale");
+  c.dtype = CERTATTN_DTYPE_Q8_0;
+  c.key_scale = 0.0f;
+  c.head_dim = 48;
+  fails_naming("head_dim (48)");
+  certattn_index_destroy(idx);
+}
 
 // The enumerators of the C header follow the C++ enumerations' order (the equivalence
 // test above relies on it for answer_path).

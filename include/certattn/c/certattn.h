@@ -11,7 +11,8 @@
  *     accept NULL). Plain structs (options, cache, certificate, ...) belong to the caller.
  *   - Enumerations are stored in int32_t fields, booleans in int32_t (0 or 1), so that
  *     every struct has one layout across languages.
- *   - 16-bit caches (fp16, bf16) are passed as their IEEE binary16 / bfloat16 bits.
+ *   - 16-bit caches (fp16, bf16) are passed as their IEEE binary16 / bfloat16 bits;
+ *     quantized caches as ggml's blocks (q8_0, q4_0) or fp8 codes, as engines store them.
  *   - Sizes that are not passed explicitly follow from the arguments: queries and out hold
  *     group * head_dim floats, certs holds group entries.
  */
@@ -23,7 +24,7 @@
 
 /* The version of this ABI: raised whenever a struct layout or a signature changes.
  * certattn_c_api_version() returns the library's, to check against the header's. */
-#define CERTATTN_C_API_VERSION 1
+#define CERTATTN_C_API_VERSION 2
 
 #if defined(CERTATTN_C_STATIC)
 #define CERTATTN_C_EXPORT
@@ -64,9 +65,16 @@ CERTATTN_C_EXPORT int certattn_c_api_version(void);
 /* ---- The cache of one (layer, KV head) ---------------------------------------------- */
 
 typedef enum certattn_dtype {
-  CERTATTN_DTYPE_F16 = 0,  /* IEEE binary16, as uint16_t bits */
-  CERTATTN_DTYPE_BF16 = 1, /* bfloat16, as uint16_t bits */
-  CERTATTN_DTYPE_F32 = 2   /* float */
+  CERTATTN_DTYPE_F16 = 0,      /* IEEE binary16, as uint16_t bits */
+  CERTATTN_DTYPE_BF16 = 1,     /* bfloat16, as uint16_t bits */
+  CERTATTN_DTYPE_F32 = 2,      /* float */
+  CERTATTN_DTYPE_Q8_0 = 3,     /* ggml's block_q8_0: 34-byte blocks of 32 channels, an fp16
+                                  scale d and 32 int8 q, x = d q (llama.cpp -ctk/-ctv q8_0) */
+  CERTATTN_DTYPE_Q4_0 = 4,     /* ggml's block_q4_0: 18-byte blocks, fp16 d and 16 bytes of
+                                  nibbles, x = d (q - 8); channel i < 16 the low nibble of
+                                  byte i, channel 16 + i its high nibble */
+  CERTATTN_DTYPE_FP8_E4M3 = 5, /* one byte per channel (torch.float8_e4m3fn), x = fl(scale c) */
+  CERTATTN_DTYPE_FP8_E5M2 = 6  /* one byte per channel (the high byte of a binary16) */
 } certattn_dtype;
 
 typedef enum certattn_layout {
@@ -76,7 +84,9 @@ typedef enum certattn_layout {
 } certattn_layout;
 
 /* The cache of one KV head: n_tokens tokens, oldest first, each with a key and a value row
- * of head_dim contiguous elements of type dtype. Strides and offsets are in elements.
+ * of head_dim contiguous channels of type dtype. Strides and offsets are in units of dtype:
+ * elements, or 32-channel blocks for q8_0 and q4_0 (whose head_dim and value_dim must be
+ * multiples of 32).
  *   strided  keys/values point at token 0 of this head; token t's key row is at
  *            keys + t * key_stride (NHD [token][kv_heads][dim]: key_stride = kv_heads *
  *            head_dim; HND [kv_heads][token][dim]: key_stride = head_dim).
@@ -89,7 +99,10 @@ typedef enum certattn_layout {
  *            key_stride apart; the value is its first value_dim elements (e.g. 512);
  *            values must be NULL or equal to keys. Outputs have value_dim channels.
  * The paged fields are ignored by the strided layout and the strided ones by the paged.
- * value_dim: 0 (head_dim) for strided and paged caches; the latent layout's value width. */
+ * value_dim: 0 (head_dim) for strided and paged caches; the latent layout's value width.
+ * key_scale, value_scale: an fp8 cache's scales (vLLM's k_scale, v_scale; 0 means 1), the
+ *            latent layout's one scale in key_scale; 0 or 1 for every other dtype. An index
+ *            refuses a cache of another dtype or other scales than it was built from. */
 typedef struct certattn_cache {
   int32_t dtype;   /* certattn_dtype */
   int32_t layout;  /* certattn_layout */
@@ -109,6 +122,9 @@ typedef struct certattn_cache {
   size_t head_offset;
   /* latent */
   size_t value_dim;
+  /* fp8 */
+  float key_scale;
+  float value_scale;
 } certattn_cache;
 
 /* ---- Options and certificates ------------------------------------------------------- */
