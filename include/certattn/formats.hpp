@@ -4,7 +4,7 @@
 //
 // Every stage reads a quantized row through its decoder, which turns it into the floats
 // it stands for: those floats are "the cache". Each is exact in float (an int8 or 4-bit
-// code times an fp16 scale has at most 19 significant bits; an fp8 value times the view's
+// code times an fp16 scale has at most 18 significant bits; an fp8 value times the view's
 // float scale is rounded once, as vLLM's kernels round it), so the index's bounds, the
 // exact scores in double and the dense kernel all see the same numbers, and every
 // certificate is a statement about attention over them.
