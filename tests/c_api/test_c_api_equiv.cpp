@@ -36,9 +36,7 @@ constexpr std::int32_t dtype_of() {
   if constexpr (std::is_same_v<T, half>) return CERTATTN_DTYPE_F16;
   if constexpr (std::is_same_v<T, bfloat16>) return CERTATTN_DTYPE_BF16;
   if constexpr (std::is_same_v<T, block_q8_0>) return CERTATTN_DTYPE_Q8_0;
-  if constexpr (std::is_same_v<T, block_q4_0>) return CERTATTN_DTYPE_Q4_0;
   if constexpr (std::is_same_v<T, fp8_e4m3>) return CERTATTN_DTYPE_FP8_E4M3;
-  if constexpr (std::is_same_v<T, fp8_e5m2>) return CERTATTN_DTYPE_FP8_E5M2;
   return CERTATTN_DTYPE_F32;
 }
 
@@ -127,11 +125,11 @@ void expect_same(const certificate& a, const certattn_certificate& b, const std:
 struct equiv_case {
   synthetic::regime regime;
   layout_kind layout;
-  int dtype;  // 0 half, 1 bfloat16, 2 float, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2
+  int dtype;  // 0 half, 1 bfloat16, 2 float, 3 q8_0, 4 fp8_e4m3
 };
 
 std::string name_of(const testing::TestParamInfo<equiv_case>& p) {
-  static const char* types[] = {"f16", "bf16", "f32", "q8_0", "q4_0", "fp8_e4m3", "fp8_e5m2"};
+  static const char* types[] = {"f16", "bf16", "f32", "q8_0", "fp8_e4m3"};
   return std::string(synthetic::to_string(p.param.regime)) + "_" + test::to_string(p.param.layout) +
          "_" + types[p.param.dtype];
 }
@@ -338,9 +336,7 @@ TEST_P(CApiEquivalence, SameBitsAndCertificatesAsTheCppCall) {
     case 0: run_case<half>(p); break;
     case 1: run_case<bfloat16>(p); break;
     case 3: run_case<block_q8_0>(p); break;
-    case 4: run_case<block_q4_0>(p); break;
-    case 5: run_case<fp8_e4m3>(p); break;
-    case 6: run_case<fp8_e5m2>(p); break;
+    case 4: run_case<fp8_e4m3>(p); break;
     default: run_case<float>(p); break;
   }
 }
@@ -352,10 +348,11 @@ std::vector<equiv_case> cases() {
       for (int t = 0; t < 3; ++t) c.push_back({r, l, t});
   c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 0});
   c.push_back({synthetic::regime::kExtreme, layout_kind::kPaged, 1});
-  for (int t = 3; t < 7; ++t)  // the quantized formats, each layout once
-    c.push_back({synthetic::regime::kMixed, layout_kind((t - 3) % 3), t});
-  c.push_back({synthetic::regime::kPeaked, layout_kind::kPaged, 3});
-  c.push_back({synthetic::regime::kPeaked, layout_kind::kNhd, 5});
+  // A block format and a scaled fp8 one on each layout: the C side's strides in blocks and
+  // its scales (the other formats differ only in their decoder, tests/test_formats.cpp).
+  for (int t = 3; t < 5; ++t)
+    for (layout_kind l : {layout_kind::kHnd, layout_kind::kNhd, layout_kind::kPaged})
+      c.push_back({synthetic::regime::kMixed, l, t});
   return c;
 }
 
