@@ -7,7 +7,9 @@
 //                 is built, and each decode step appends the new token to it and calls
 //                 attend_group per (layer, KV head) with noise_key{step, layer, kv_head};
 //   dense run     exact attention (double precision) at every position.
-// Both keep their KV cache in fp16, so the comparison isolates certattn's sampling error.
+// Both keep their KV cache in fp16 (or both in the format --kv-cache names), so the
+// comparison isolates certattn's sampling error (with a coarse fp8 cache, also the
+// rounding of the two runs' slightly different keys: examples/llama2c/README.md).
 // At every step the certattn run's argmax is the next token of both runs; the dense
 // run's next-token distribution is compared with the certattn run's: greedy-token
 // agreement (same argmax) and KL(p_dense || p_certattn).
