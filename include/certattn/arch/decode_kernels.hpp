@@ -17,6 +17,22 @@ namespace certattn::detail {
 
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
+/// Sixteen fp8 codes (widened to 16 bits) as the floats they stand for, before the view's
+/// scale: E5M2 is the high byte of a binary16; E4M3's exponent and mantissa shift into a
+/// binary16's (times 2^8, exact, subnormals included) and S.1111.111 is NaN. The row
+/// decoder and the AVX-512 dense kernel both use it.
+CERTATTN_TARGET_AVX512 inline __m512 fp8_to_float_avx512(fp8_e5m2, __m256i code) {
+  return _mm512_cvtph_ps(_mm256_slli_epi16(code, 8));
+}
+CERTATTN_TARGET_AVX512 inline __m512 fp8_to_float_avx512(fp8_e4m3, __m256i code) {
+  const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(code, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(mag, 7));
+  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+  return _mm512_mask_mov_ps(v, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F)),
+                            _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+}
+
 template <quantized_element T>
 CERTATTN_TARGET_AVX512 inline void decode_row_avx512(const T* row, std::size_t dim, float scale,
                                                      float* out) noexcept {
@@ -47,20 +63,7 @@ CERTATTN_TARGET_AVX512 inline void decode_row_avx512(const T* row, std::size_t d
     std::size_t i = 0;
     for (; i + 16 <= dim; i += 16) {
       const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
-      __m512 v;
-      if constexpr (std::is_same_v<T, fp8_e5m2>) {
-        v = _mm512_cvtph_ps(_mm256_slli_epi16(c, 8));  // the high byte of a binary16
-      } else {
-        // S.EEEE.MMM -> binary16 S.0EEEE.MMM0000000 (bias 15 vs 7: times 2^8, exact,
-        // subnormals included), and S.1111.111 -> NaN.
-        const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi16(0x7F));
-        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
-                                          _mm256_slli_epi16(mag, 7));
-        v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-        const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
-        v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
-      }
-      _mm512_storeu_ps(out + i, _mm512_mul_ps(s, v));
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(s, fp8_to_float_avx512(T{}, c)));
     }
     decode_row_scalar(row + i, dim - i, scale, out + i);
   }

@@ -6,6 +6,7 @@
 // runs on CPUs without AVX-512.
 #pragma once
 
+#include <certattn/arch/decode_kernels.hpp>
 #include <certattn/arch/dispatch.hpp>
 #include <certattn/arch/scalar/dense_kernels.hpp>
 #include <certattn/common.hpp>
@@ -30,21 +31,6 @@
 #endif
 
 namespace certattn::detail::avx512::dense {
-
-/// Sixteen fp8 codes (widened to 16 bits) as the floats they stand for (before the view's
-/// scale): E5M2 is the high byte of a binary16; E4M3's exponent and mantissa shift into a
-/// binary16's (times 2^8, exact, subnormals included) and S.1111.111 is NaN.
-CERTATTN_TARGET_AVX512 inline __m512 fp8_to_float(fp8_e5m2, __m256i code) {
-  return _mm512_cvtph_ps(_mm256_slli_epi16(code, 8));
-}
-CERTATTN_TARGET_AVX512 inline __m512 fp8_to_float(fp8_e4m3, __m256i code) {
-  const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
-  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(code, _mm256_set1_epi16(0x80)), 8),
-                                    _mm256_slli_epi16(mag, 7));
-  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-  return _mm512_mask_mov_ps(v, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F)),
-                            _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
-}
 
 /// Sixteen consecutive elements of a cache row as floats.
 template <class T>
@@ -107,7 +93,7 @@ CERTATTN_TARGET_AVX512 inline __m512 load16_at(const T* row, std::size_t c, floa
     }
   } else if constexpr (fp8_element<T>) {
     const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
-    return _mm512_mul_ps(_mm512_set1_ps(scale), fp8_to_float(T{}, code));
+    return _mm512_mul_ps(_mm512_set1_ps(scale), fp8_to_float_avx512(T{}, code));
   } else {
     (void)scale;
     return load16(row + c);
@@ -123,7 +109,7 @@ CERTATTN_TARGET_AVX512 inline __m512 load16_masked_at(const T* row, std::size_t 
     return _mm512_maskz_mov_ps(m, load16_at(row, c, scale));
   } else if constexpr (fp8_element<T>) {
     const __m256i code = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row + c));
-    return _mm512_maskz_mul_ps(m, _mm512_set1_ps(scale), fp8_to_float(T{}, code));
+    return _mm512_maskz_mul_ps(m, _mm512_set1_ps(scale), fp8_to_float_avx512(T{}, code));
   } else {
     (void)scale;
     return load16_masked(row + c, m);
