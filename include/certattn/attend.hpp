@@ -22,11 +22,13 @@ namespace certattn {
 
 namespace detail {
 /// attend_group()'s argument checks: a certattn::error naming the first bad argument.
+/// attend_positions() passes its positions (Q > 1): queries, out and certs then hold Q
+/// positions of `group` heads, and the workspace rows for Q * group heads.
 template <kv_view KV>
 void check_attend_call(std::span<const float> queries, std::size_t group, const KV& kv,
                        const key_index& idx, const options& opt, std::span<float> out,
                        std::span<certificate> certs, const attend_workspace& ws,
-                       std::span<const int> level_hints) {
+                       std::span<const int> level_hints, std::size_t positions = 1) {
   validate(opt);
   const std::size_t n = kv.size(), d = kv.head_dim(), dv = value_dim_of(kv);
   validate_shape(opt, n, d);
@@ -34,15 +36,22 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
     throw error("kv: value_dim (" + std::to_string(dv) + ") must lie in [1, head_dim = " +
                 std::to_string(d) + "]");
   if (group == 0) throw error("group must be > 0");
-  if (queries.size() != group * d)
-    throw error("queries has " + std::to_string(queries.size()) + " elements, expected group * head_dim = " +
-                std::to_string(group * d));
-  if (out.size() != group * dv)
-    throw error("out has " + std::to_string(out.size()) + " elements, expected group * value_dim = " +
-                std::to_string(group * dv));
-  if (certs.size() != group)
-    throw error("certs has " + std::to_string(certs.size()) + " elements, expected group = " +
-                std::to_string(group));
+  if (positions == 0) throw error("positions must be > 0");
+  if (positions > n)
+    throw error("positions (" + std::to_string(positions) + ") exceeds kv.size() (" +
+                std::to_string(n) + "): append every position's token before the call");
+  // "positions * group" where the call has several positions, "group" where it has one.
+  const std::size_t heads = positions * group;
+  const char* per = positions > 1 ? "positions * group" : "group";
+  if (queries.size() != heads * d)
+    throw error("queries has " + std::to_string(queries.size()) + " elements, expected " + std::string(per) +
+                " * head_dim = " + std::to_string(heads * d));
+  if (out.size() != heads * dv)
+    throw error("out has " + std::to_string(out.size()) + " elements, expected " + std::string(per) +
+                " * value_dim = " + std::to_string(heads * dv));
+  if (certs.size() != heads)
+    throw error("certs has " + std::to_string(certs.size()) + " elements, expected " + std::string(per) +
+                " = " + std::to_string(heads));
   if (!level_hints.empty() && level_hints.size() != group)
     throw error("level_hints has " + std::to_string(level_hints.size()) +
                 " elements, expected 0 or group = " + std::to_string(group));
@@ -56,13 +65,13 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
     throw error("idx.size() (" + std::to_string(idx.size()) + ") != kv.size() (" +
                 std::to_string(n) + "): append every new token to the index");
   idx.check_format(kv);
-  if (group > ws.group() || d != ws.head_dim() || dv > ws.value_dim() || n > ws.max_tokens() ||
+  if (heads > ws.group() || d != ws.head_dim() || dv > ws.value_dim() || n > ws.max_tokens() ||
       opt.total_levels() > ws.max_levels())
     throw error("ws (attend_workspace) is sized for group " + std::to_string(ws.group()) +
                 ", head_dim " + std::to_string(ws.head_dim()) + ", value_dim " +
                 std::to_string(ws.value_dim()) + ", " +
                 std::to_string(ws.max_tokens()) + " tokens, " + std::to_string(ws.max_levels()) +
-                " levels: too small for this call (group " + std::to_string(group) +
+                " levels: too small for this call (" + std::string(per) + " " + std::to_string(heads) +
                 ", head_dim " + std::to_string(d) + ", value_dim " + std::to_string(dv) + ", " +
                 std::to_string(n) +
                 " tokens, levels options.total_levels() = " + std::to_string(opt.total_levels()) +
@@ -78,14 +87,16 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
   // The score bounds run in float. Scores beyond any real model's would overflow them
   // (and lose candidates), so such inputs are refused rather than certified wrongly.
   const double score_scale = std::max(1.0, opt.effective_softmax_scale(d));
-  for (std::size_t g = 0; g < group; ++g) {
+  for (std::size_t g = 0; g < heads; ++g) {
     double l1 = 0.0;
     for (std::size_t i = 0; i < d; ++i) l1 += std::fabs(double(queries[g * d + i]));
     const double magnitude = l1 * double(idx.max_abs_key()) * score_scale;
     if (!(magnitude <= detail::kMaxScoreMagnitude)) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.3g", magnitude);
-      throw error("queries: head " + std::to_string(g) +
+      throw error("queries: " +
+                  (positions > 1 ? "position " + std::to_string(g / group) + " head " + std::to_string(g % group)
+                                 : "head " + std::to_string(g)) +
                   ": max(1, softmax_scale) * ||q||_1 * max|key| = " + buf +
                   " exceeds 2^100: scores this large overflow the float score bounds");
     }
@@ -132,6 +143,46 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
   detail::attend_stages::run(queries, group, kv, idx, nk, opt, out, certs, ws, level_hints, nullptr);
 }
 
+
+/// Several query positions of one KV head in one call: speculative verification (the
+/// draft tokens) and any Q queries whose keys are the cache's newest. Position p
+/// (0 <= p < positions) is the query of token n - positions + p (n = kv.size(); every
+/// position's token is appended to the cache and the index before the call) and attends
+/// the tokens up to its own, causally. queries [positions][group][head_dim], out
+/// [positions][group][value_dim], certs [positions][group]; ws sized for positions * group
+/// heads. Each position's answer and certificate are those attend_group() gives over the
+/// cache's first n - positions + p + 1 tokens (kv_prefix) with noise key nk and
+/// noise_key::position = p, so that no two positions share perturbations; the index is
+/// scanned once for all positions (reference_attend_positions() reproduces the call).
+/// A position's window is options.window tokens back from its own: when positions exceed
+/// the window, the earlier drafts lie in the later positions' pools, sampled like any key.
+/// After verification, key_index::truncate() drops the rejected drafts (docs/integration.md).
+/// history: as attend_group()'s; its hints apply to every position, it keeps the newest
+/// position's levels, and it routes the whole call (then each position reads the cache).
+template <kv_view KV>
+void attend_positions(std::span<const float> queries, std::size_t positions, std::size_t group,
+                      const KV& kv, const key_index& idx, const noise_key& nk, const options& opt,
+                      std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                      group_history& history) {
+  if (history.group() != group)
+    throw error("history (group_history) is for group " + std::to_string(history.group()) +
+                ", the call has group " + std::to_string(group));
+  detail::check_attend_call(queries, group, kv, idx, opt, out, certs, ws, {}, positions);
+  detail::attend_stages::run_positions(queries, positions, group, kv, idx, nk, opt, out, certs,
+                                       ws, {}, &history);
+}
+
+/// The same without a history, with optional level hints: empty, or [group] for every
+/// position (attend_group()'s rule: fixed before this call's perturbations were drawn).
+template <kv_view KV>
+void attend_positions(std::span<const float> queries, std::size_t positions, std::size_t group,
+                      const KV& kv, const key_index& idx, const noise_key& nk, const options& opt,
+                      std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                      std::span<const int> level_hints = {}) {
+  detail::check_attend_call(queries, group, kv, idx, opt, out, certs, ws, level_hints, positions);
+  detail::attend_stages::run_positions(queries, positions, group, kv, idx, nk, opt, out, certs,
+                                       ws, level_hints, nullptr);
+}
 
 }  // namespace certattn
 

@@ -68,6 +68,7 @@ struct attend_stages : row_access {
     if (history) level_hints = history->hints_for(nk);
     call_context context = make_context(group, kv, idx, nk, user_opt, level_hints, history);
     context.decoded = ws.decoded_.data();
+    context.heads = group;
     const call_context& cx = context;
     begin_stats(cx, ws);
     // Routing times what it compares (history.hpp, cost_model::measured): two clock reads.
@@ -89,23 +90,16 @@ struct attend_stages : row_access {
     }
     stage_clock clock{ws.time_stages_};
     double* seconds = ws.stats_.stage_seconds;
-    prepare_queries(queries, cx, ws);
+    prepare_queries(queries, group, cx, ws);
     fixed_scores(kv, queries.data(), cx, ws);
     clock.lap(seconds[0]);
-    if (cx.pool_end > cx.first) scan(idx, cx, ws);
+    if (cx.pool_end > cx.first) {
+      scan_bounds(idx, cx, group, cx.pool_end, cx.first_block(), ws);
+      finish_bounds(cx, ws);
+    }
     clock.lap(seconds[1]);
-    perturbation_bounds(idx, cx, ws);
-    clock.lap(seconds[3]);
-    max_scores(kv, queries.data(), cx, ws);
-    fixed_sums(kv, cx, ws);
-    clock.lap(seconds[2]);
-    group_progress progress;
-    for (std::size_t g = 0; g < group; ++g)
-      answer_head(kv, idx, queries.data(), g, cx, progress, out, certs, ws, clock);
-    const std::size_t exact_pass_bytes = exact_answers(kv, idx, queries.data(), cx, progress,
-                                                       out, certs, ws);
-    clock.lap(seconds[5]);
-    account_bytes(kv, idx, cx, exact_pass_bytes, certs, ws);
+    const group_progress progress = answer_group(kv, idx, queries.data(), cx, out, certs, ws,
+                                                 clock, true);
     if (history) {
       // The call's cost relative to the dense kernel: measured, once this group's dense
       // kernel has been timed, else the cost model's prediction.
@@ -119,6 +113,160 @@ struct attend_stages : row_access {
                              std::span<const int>(ws.head_levels_.data(), group), nk,
                              was_measured ? predicted : std::numeric_limits<double>::quiet_NaN());
     }
+  }
+
+  /// The stages after the scan, for the G heads of one position: perturbations, max
+  /// scores, window sums, each head's level loop, the exact pass and the bytes
+  /// (count_shared: whether the scan's and the fixed rows' bytes are this call's).
+  template <kv_view KV>
+  static group_progress answer_group(const KV& kv, const key_index& idx, const float* queries,
+                                     const call_context& cx, std::span<float> out,
+                                     std::span<certificate> certs, attend_workspace& ws,
+                                     stage_clock& clock, bool count_shared) {
+    double* seconds = ws.stats_.stage_seconds;
+    perturbation_bounds(idx, cx, ws);
+    clock.lap(seconds[3]);
+    max_scores(kv, queries, cx, ws);
+    fixed_sums(kv, cx, ws);
+    clock.lap(seconds[2]);
+    group_progress progress;
+    for (std::size_t g = 0; g < cx.group; ++g)
+      answer_head(kv, idx, queries, g, cx, progress, out, certs, ws, clock);
+    const std::size_t exact_pass_bytes = exact_answers(kv, idx, queries, cx, progress, out,
+                                                       certs, ws);
+    clock.lap(seconds[5]);
+    account_bytes(kv, idx, cx, exact_pass_bytes, certs, ws, count_shared);
+    return progress;
+  }
+
+  // ---- several positions --------------------------------------------------------------
+  /// attend_positions(): Q positions of G heads each, position p at token n - Q + p, over
+  /// the cache up to its own token (kv_prefix). Each position is the call attend_group()
+  /// would make on that prefix with noise_key::position = p, except that the index is
+  /// scanned once, for all Q G queries over the widest pool, before the positions are
+  /// answered in order. The history gives every position its hints and routes the whole
+  /// call; it keeps the newest position's levels, and costs per position.
+  template <kv_view KV>
+  static void run_positions(std::span<const float> queries, std::size_t positions,
+                            std::size_t group, const KV& kv, const key_index& idx,
+                            const noise_key& nk, const options& user_opt, std::span<float> out,
+                            std::span<certificate> certs, attend_workspace& ws,
+                            std::span<const int> level_hints, group_history* history) {
+    if (history) level_hints = history->hints_for(nk);
+    const std::size_t Q = positions, G = group, n = kv.size(), d = kv.head_dim();
+    const std::size_t dv = value_dim_of(kv);
+    auto position_context = [&](const kv_prefix<KV>& view, std::size_t p) {
+      noise_key nk_p = nk;
+      nk_p.position = std::uint32_t(p);
+      call_context cx = make_context(G, view, idx, nk_p, user_opt, level_hints, history);
+      cx.decoded = ws.decoded_.data();
+      cx.head0 = p * G;
+      cx.heads = Q * G;
+      return cx;
+    };
+    const kv_prefix<KV> newest(kv, n);
+    const bool timed = history && user_opt.route == routing::kAuto && user_opt.cost.measured;
+    const double t_start = timed ? stage_clock::now() : 0.0;
+    group_stats total;
+    auto add = [&](const group_stats& s) { add_stats(total, s); };
+    // Routed: every position by the dense kernel, as attend_group() routes one.
+    {
+      const call_context cx = position_context(newest, Q - 1);
+      if (cx.pool_end > cx.first && history && history->routes_dense(user_opt)) {
+        for (std::size_t p = 0; p < Q; ++p) {
+          const kv_prefix<KV> view(kv, n - Q + 1 + p);
+          const call_context cp = position_context(view, p);
+          begin_stats(cp, ws);
+          route_dense(view, idx, queries.subspan(p * G * d, G * d), cp,
+                      out.subspan(p * G * dv, G * dv), certs.subspan(p * G, G), ws,
+                      answer_path::kRouted);
+          add(ws.stats_);
+        }
+        ws.stats_ = total;
+        ws.stats_.dense_bytes = cx.attended() * (cx.key_bytes + cx.value_bytes);
+        if (timed)
+          history->record_dense((stage_clock::now() - t_start) / double(Q), cx.attended());
+        else
+          history->record_dense();
+        return;
+      }
+    }
+    // The shared scan: all positions' heads over the union of their pools.
+    stage_clock clock{ws.time_stages_};
+    std::size_t scan_end = 0, scan_first = n;
+    for (std::size_t p = 0; p < Q; ++p) {
+      const kv_prefix<KV> view(kv, n - Q + 1 + p);
+      const call_context cx = position_context(view, p);
+      if (user_opt.short_sliding_window(cx.n) || cx.pool_end <= cx.first) continue;
+      scan_end = std::max(scan_end, cx.pool_end);
+      scan_first = std::min(scan_first, cx.first);
+    }
+    double scan_seconds = 0.0;
+    {
+      const call_context cx = position_context(newest, 0);
+      prepare_queries(queries, Q * G, cx, ws);
+      if (scan_end > scan_first)
+        scan_bounds(idx, cx, Q * G, scan_end, scan_first / key_index::kBlockTokens, ws);
+      clock.lap(scan_seconds);
+    }
+    bool any_exact = false;
+    for (std::size_t p = 0; p < Q; ++p) {
+      const kv_prefix<KV> view(kv, n - Q + 1 + p);
+      const call_context cx = position_context(view, p);
+      const float* q = queries.data() + p * G * d;
+      const std::span<float> out_p = out.subspan(p * G * dv, G * dv);
+      const std::span<certificate> certs_p = certs.subspan(p * G, G);
+      begin_stats(cx, ws);
+      if (user_opt.short_sliding_window(cx.n)) {
+        route_dense(view, idx, queries.subspan(p * G * d, G * d), cx, out_p, certs_p, ws,
+                    answer_path::kNoPool);
+        for (std::size_t g = 0; g < G; ++g) ws.head_levels_[g] = -1;
+        add(ws.stats_);
+        continue;
+      }
+      double* seconds = ws.stats_.stage_seconds;
+      seconds[1] = p == 0 ? scan_seconds : 0.0;
+      fixed_scores(view, q, cx, ws);
+      clock.lap(seconds[0]);
+      if (cx.pool_end > cx.first) finish_bounds(cx, ws);
+      clock.lap(seconds[1]);
+      any_exact |= answer_group(view, idx, q, cx, out_p, certs_p, ws, clock, p + 1 == Q)
+                       .exact_count > 0;
+      add(ws.stats_);
+    }
+    const std::size_t attended = n - user_opt.variant.first_token(n);
+    total.tokens = n;
+    total.pool = ws.stats_.pool;
+    total.dense_bytes = ws.stats_.dense_bytes;
+    ws.stats_ = total;
+    if (history) {
+      const double predicted =
+          user_opt.cost.predicted(total.sampled / Q, attended) + (any_exact ? 1.0 : 0.0);
+      const double measured =
+          timed ? history->measured_cost((stage_clock::now() - t_start) / double(Q), attended)
+                : std::numeric_limits<double>::quiet_NaN();
+      const bool was_measured = !std::isnan(measured);
+      history->record_sparse(was_measured ? measured : predicted,
+                             std::span<const int>(ws.head_levels_.data(), group), nk,
+                             was_measured ? predicted : std::numeric_limits<double>::quiet_NaN());
+    }
+  }
+
+  /// total += s, field by field (the per-position statistics of a multi-position call).
+  static void add_stats(group_stats& total, const group_stats& s) noexcept {
+    total.candidates += s.candidates;
+    total.refined += s.refined;
+    total.keys_read += s.keys_read;
+    total.values_read += s.values_read;
+    total.fallbacks += s.fallbacks;
+    total.over_budget += s.over_budget;
+    total.routed += s.routed;
+    total.sampled += s.sampled;
+    total.bytes_read += s.bytes_read;
+    total.bound_violations += s.bound_violations;
+    total.refine_blocks += s.refine_blocks;
+    total.scattered_lines += s.scattered_lines;
+    for (int i = 0; i < 6; ++i) total.stage_seconds[i] += s.stage_seconds[i];
   }
 
   // ---- before the stages --------------------------------------------------------------
@@ -176,17 +324,17 @@ struct attend_stages : row_access {
   static void begin_stats(const call_context& cx, attend_workspace& ws) {
     group_stats& stats = ws.stats_;
     stats = {};
-    if (ws.record_) ws.recorded_.assign(cx.group, {});
+    if (ws.record_ && cx.head0 == 0) ws.recorded_.assign(std::max(cx.heads, cx.group), {});
     stats.tokens = cx.n;
     stats.pool = cx.pool_end;
   }
 
-  /// The queries padded to a multiple of 8 channels (the scan's and the 8-bit stage's
+  /// The first `rows` queries padded to a multiple of 8 channels (the scan's and the 8-bit stage's
   /// rows), and the value centre in double (the certificate's sums are around it).
-  static void prepare_queries(std::span<const float> queries, const call_context& cx,
-                              attend_workspace& ws) noexcept {
+  static void prepare_queries(std::span<const float> queries, std::size_t rows,
+                              const call_context& cx, attend_workspace& ws) noexcept {
     const std::size_t d = cx.d, dp = cx.dp;
-    for (std::size_t g = 0; g < cx.group; ++g) {
+    for (std::size_t g = 0; g < rows; ++g) {
       std::copy_n(queries.data() + g * d, d, ws.qpad_.data() + g * dp);
       std::fill(ws.qpad_.data() + g * dp + d, ws.qpad_.data() + (g + 1) * dp, 0.0f);
     }
@@ -217,14 +365,18 @@ struct attend_stages : row_access {
   }
 
   // ---- stage: scan --------------------------------------------------------------------
-  static void scan(const key_index& idx, const call_context& cx, attend_workspace& ws) noexcept {
+  /// The scan's bounds for `nq` padded queries (ws.qpad_) over tokens [block_begin * 128,
+  /// pool_end): one pass over the 4-bit codes for all of them.
+  static void scan_bounds(const key_index& idx, const call_context& cx, std::size_t nq,
+                          std::size_t pool_end, std::size_t block_begin,
+                          attend_workspace& ws) noexcept {
     scan_request r;
     r.index = &idx;
     r.queries = ws.qpad_.data();
-    r.nq = cx.group;
+    r.nq = nq;
     r.softmax_scale = cx.scale;
-    r.pool_end = cx.pool_end;
-    r.block_begin = cx.first_block();
+    r.pool_end = pool_end;
+    r.block_begin = block_begin;
     r.u = ws.u_.data();
     r.u_stride = ws.u_stride_;
     r.block_max = ws.block_max_.data();
@@ -232,16 +384,21 @@ struct attend_stages : row_access {
     r.qa = ws.qa_.data();
     r.prep = ws.prep_.data();
     scan_score_bounds(r, cx.kernels.which);
+  }
+
+  /// This call's bounds made its own: no bound before the sliding window, the variant's
+  /// transform, none for the exact set.
+  static void finish_bounds(const call_context& cx, attend_workspace& ws) noexcept {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     for (std::size_t g = 0; g < cx.group; ++g) {
-      float* u = ws.u_.data() + g * ws.u_stride_;
+      float* u = bounds_of(cx, ws, g);
       // Tokens of the first block before the sliding window never attend.
       std::fill(u + cx.first_block() * key_index::kBlockTokens, u + cx.first, ninf);
       // The variant's scores: the same transform on the bounds, rounded up.
       if (cx.modified()) {
         const head_variant hv = cx.head(g);
         apply_bound_variant(u, cx.first, cx.pool_end, make_bound_variant(hv.cap, hv.slope, cx.n),
-                            ws.block_max_.data() + g * ws.block_stride_, cx.kernels.which);
+                            block_max_of(cx, ws, g), cx.kernels.which);
       }
       // The exact set is read exactly: no head takes it as a candidate.
       for (std::uint32_t t : cx.xs) u[t] = ninf;
@@ -280,8 +437,8 @@ struct attend_stages : row_access {
       if (hv.has_sink) window_max = std::max(window_max, hv.sink);
       std::size_t keys_read = 0;
       const double c = cx.pool_end > cx.first
-                           ? max_score(kv, queries + g * cx.d, cx, hv, ws.u_.data() + g * ws.u_stride_,
-                                       ws.block_max_.data() + g * ws.block_stride_, window_max,
+                           ? max_score(kv, queries + g * cx.d, cx, hv, bounds_of(cx, ws, g),
+                                       block_max_of(cx, ws, g), window_max,
                                        keys_read)
                            : window_max;
       ws.head_max_keys_[g] = keys_read;
@@ -443,7 +600,7 @@ struct attend_stages : row_access {
       return;
     }
     // Answered by the exact pass, with every other such head.
-    if (ws.record_) ws.recorded_[g].clear();
+    if (ws.record_) ws.recorded_[cx.head0 + g].clear();
     ws.exact_heads_[progress.exact_count++] = std::uint32_t(g);
     if (cert.path == answer_path::kOverBudget || cert.path == answer_path::kJoined)
       ++stats.over_budget;
@@ -612,15 +769,19 @@ struct attend_stages : row_access {
   // ---- accounting ---------------------------------------------------------------------
   /// The group's bytes (docs/fast-path.md, "Bytes read"): each head's own reads, plus the
   /// shared part (codes and block scales, the fixed rows, the exact pass) split evenly.
+  /// A multi-position call counts the scan's and the fixed rows' bytes once, at its newest
+  /// position (the others' fixed rows differ from its by at most Q - 1 rows).
   template <kv_view KV>
   static void account_bytes(const KV&, const key_index& idx, const call_context& cx,
                             std::size_t exact_pass_bytes, std::span<certificate> certs,
-                            attend_workspace& ws) noexcept {
+                            attend_workspace& ws, bool count_shared) noexcept {
     group_stats& stats = ws.stats_;
     const std::size_t F = cx.fixed_rows(), row_bytes = cx.key_bytes + cx.value_bytes;
     const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
-    const std::size_t shared = blocks * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) +
-                               F * row_bytes + exact_pass_bytes;
+    const std::size_t shared =
+        (count_shared ? blocks * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) + F * row_bytes
+                      : 0) +
+        exact_pass_bytes;
     stats.keys_read += F;
     stats.values_read += F;
     stats.bytes_read = shared;
@@ -644,7 +805,7 @@ struct attend_stages : row_access {
     for (std::size_t g = 0; g < group; ++g) {
       ws.exact_heads_[g] = std::uint32_t(g);
       ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
-      if (ws.record_) ws.recorded_[g].clear();
+      if (ws.record_) ws.recorded_[cx.head0 + g].clear();
     }
     const double vmax = value_norm_max(idx, cx);
     exact_heads(kv, idx, queries.data(), cx, group, out.data(), ws, false, vmax);

@@ -79,6 +79,10 @@ struct call_context {
   std::span<const int> hints;         // [group] level hints, or empty
   float* decoded = nullptr;           // [9][d]: 8 key rows and a value row of a quantized
                                       // cache, decoded (the workspace's)
+  // A multi-position call (attend_positions()) scans the index once for the heads of all
+  // its positions: this position's head g is row head0 + g of the scan's arrays (bounds,
+  // block maxima, padded queries, recorded samples), of `heads` rows in all.
+  std::size_t head0 = 0, heads = 0;
 
   std::size_t window() const noexcept { return n - pool_end; }
   /// Rows every head reads exactly: the window and the exact set.
@@ -126,6 +130,14 @@ struct row_access {
   static const row_element_t<KV>* value_of(const KV& kv, std::size_t t,
                                            const call_context& cx) noexcept {
     return value_row(kv, t, cx.decoded + 8 * cx.d);
+  }
+
+  /// Head g's rows of the scan's arrays: its 4-bit bounds, block maxima, padded query.
+  static float* bounds_of(const call_context& cx, attend_workspace& ws, std::size_t g) noexcept {
+    return ws.u_.data() + (cx.head0 + g) * ws.u_stride_;
+  }
+  static float* block_max_of(const call_context& cx, attend_workspace& ws, std::size_t g) noexcept {
+    return ws.block_max_.data() + (cx.head0 + g) * ws.block_stride_;
   }
 
   /// acc += w (v - g) with g the value centre: the certificate's sums (level_sums).

@@ -218,6 +218,13 @@ inline void dense_fill_rows(const paged_kv<T>& kv, std::size_t t0, std::size_t n
   }
 }
 
+/// A prefix of a view reads its rows as the view does.
+template <kv_view KV>
+inline void dense_fill_rows(const kv_prefix<KV>& kv, std::size_t t0, std::size_t n,
+                            const void** keys, const void** values) noexcept {
+  dense_fill_rows(kv.base(), t0, n, keys, values);
+}
+
 /// Tokens [t0, t0 + n) of a quantized cache decoded into the tiles (rows `stride` floats
 /// apart), with their row pointers; the stored rows of the next chunk (below `end`) are
 /// prefetched, so that they arrive while this one is computed.
@@ -395,6 +402,85 @@ void dense_attend(std::span<const float> queries, std::size_t group, const KV& k
   for (std::size_t g = 0; g < variant.sinks.size(); ++g)
     l[g] += std::exp(variant.sinks[g] - m[g]);  // +inf when the sink takes all: o = 0
   detail::dense_normalise(out.data(), l.data(), group, dv, out.data());
+}
+
+/// Exact attention of several query positions of one KV head, causally: position p
+/// (0 <= p < positions) is the query of token n - positions + p (n = kv.size()) and attends
+/// the tokens up to its own (speculative verification's shape; attend_positions()'s
+/// baseline). One pass of the dense kernel over the tokens every position attends for all
+/// positions * group queries, then each position's few others (the drafts before it, and
+/// a sliding window's oldest tokens) joined to its state in double. queries
+/// [positions][group][head_dim] (not yet scaled), out [positions][group][value_dim]; ws
+/// sized for positions * group queries. `variant`: spans of `group` entries, applied to
+/// every position as dense_attend() applies them to one (a position bias relative to the
+/// position's own token).
+template <kv_view KV>
+void dense_attend_positions(std::span<const float> queries, std::size_t positions,
+                            std::size_t group, const KV& kv, float softmax_scale,
+                            std::span<float> out, dense_workspace& ws,
+                            const attention_variant& variant = {}) {
+  using A = detail::dense_workspace_access;
+  constexpr std::size_t kMaxRows = 1024;  // the repeated slopes live on the stack
+  const std::size_t n = kv.size(), d = kv.head_dim(), dv = value_dim_of(kv);
+  const std::size_t Q = positions, G = group, rows = Q * G;
+  if (group == 0) throw error("group must be > 0");
+  if (positions == 0) throw error("positions must be > 0");
+  if (positions > n)
+    throw error("positions (" + std::to_string(positions) + ") exceeds kv.size() (" +
+                std::to_string(n) + ")");
+  if (rows > kMaxRows)
+    throw error("positions * group (" + std::to_string(rows) + ") exceeds " +
+                std::to_string(kMaxRows));
+  detail::dense_check_size(queries.size(), rows * d, "queries", "positions * group * head_dim");
+  detail::dense_check_size(out.size(), rows * dv, "out", "positions * group * value_dim");
+  detail::dense_check_workspace(ws, rows, d, 1);
+  validate(variant, group, "variant");
+  // Every position attends [begin, shared_end): the newest one's first token on.
+  const std::size_t shared_end = n - Q + 1, begin = variant.first_token(n);
+  float slopes[kMaxRows];
+  attention_variant scores_only;
+  scores_only.logit_softcap = variant.logit_softcap;
+  if (!variant.alibi_slopes.empty()) {
+    for (std::size_t r = 0; r < rows; ++r) slopes[r] = variant.alibi_slopes[r % G];
+    scores_only.alibi_slopes = std::span<const float>(slopes, rows);
+  }
+  std::span<float> m(A::max_scores(ws), rows), l(A::sums(ws), rows);
+  dense_partial(queries, rows, kv, softmax_scale, std::min(begin, shared_end), shared_end, m, l,
+                out, ws, scores_only);
+  // The other tokens of each position, in double, from the scaled queries dense_partial
+  // left in the workspace; a row of a quantized cache decoded into its (now free) tile.
+  // The position bias is relative to token n - 1 for all: a constant per position, which
+  // the softmax cancels.
+  const float* qs = A::queries(ws);
+  const std::size_t q_stride = detail::dense_round16(d);
+  float* key_buf = A::key_tile(ws);
+  float* value_buf = A::value_tile(ws);
+  auto join = [&](std::size_t p, std::size_t t) {
+    const auto* k = detail::key_row(kv, t, key_buf);
+    const auto* v = detail::value_row(kv, t, value_buf);
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::size_t r = p * G + g;
+      double s = 0.0;
+      for (std::size_t i = 0; i < d; ++i) s += double(qs[r * q_stride + i]) * to_double(k[i]);
+      if (variant.logit_softcap > 0.0) s = variant.logit_softcap * std::tanh(s / variant.logit_softcap);
+      if (!variant.alibi_slopes.empty())
+        s += double(variant.alibi_slopes[g]) * (double(t) - double(n - 1));
+      const double m_new = std::max(double(m[r]), s);
+      const double keep = std::exp(double(m[r]) - m_new), w = std::exp(s - m_new);
+      l[r] = float(double(l[r]) * keep + w);
+      float* o = out.data() + r * dv;
+      for (std::size_t i = 0; i < dv; ++i) o[i] = float(double(o[i]) * keep + w * to_double(v[i]));
+      m[r] = float(m_new);
+    }
+  };
+  for (std::size_t p = 0; p < Q; ++p) {
+    const std::size_t n_p = shared_end + p, first_p = variant.first_token(n_p);
+    for (std::size_t t = first_p; t < std::min(begin, n_p); ++t) join(p, t);
+    for (std::size_t t = std::max(begin, shared_end); t < n_p; ++t) join(p, t);
+  }
+  for (std::size_t r = 0; r < rows && !variant.sinks.empty(); ++r)
+    l[r] += std::exp(variant.sinks[r % G] - m[r]);
+  detail::dense_normalise(out.data(), l.data(), rows, dv, out.data());
 }
 
 /// Partial softmax state (as dense_partial) of all KV heads of one layer of a token-major

@@ -367,6 +367,33 @@ inline void value_to_float(const KV& kv, std::size_t t, float* out) noexcept {
 }
 }  // namespace detail
 
+/// The first `size` tokens of another view, nothing copied: what position p of an
+/// attend_positions() call attends (the cache up to its own token), and the cache a
+/// sequential call at that position would have seen. The view must outlive it.
+template <kv_view KV>
+class kv_prefix {
+ public:
+  using element_type = typename KV::element_type;
+  kv_prefix(const KV& base, std::size_t size) : base_(&base), size_(size) {
+    if (size > base.size())
+      throw error("kv_prefix: size (" + std::to_string(size) + ") exceeds the view's " +
+                  std::to_string(base.size()) + " tokens");
+  }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t head_dim() const noexcept { return base_->head_dim(); }
+  decltype(auto) key(std::size_t t) const noexcept { return base_->key(t); }
+  decltype(auto) value(std::size_t t) const noexcept { return base_->value(t); }
+  std::size_t value_dim() const noexcept { return value_dim_of(*base_); }
+  bool values_alias_keys() const noexcept { return certattn::values_alias_keys(*base_); }
+  float key_scale() const noexcept { return key_scale_of(*base_); }
+  float value_scale() const noexcept { return value_scale_of(*base_); }
+  const KV& base() const noexcept { return *base_; }
+
+ private:
+  const KV* base_;
+  std::size_t size_;
+};
+
 /// Dense copies of a kv_view's key and value rows ([size][head_dim] each, any layout), as
 /// the matrices the oracles take (exact_attention, reference_attend); a quantized cache's
 /// rows decoded to floats. Allocates: for checks, not for the decode path.

@@ -111,8 +111,8 @@ struct head_loop : row_access {
 
   head_loop(const KV& kv, const key_index& idx, const float* q, const call_context& cx,
             attend_workspace& ws, head_state& st) noexcept
-      : kv(kv), idx(idx), q(q), qpad(ws.qpad_.data() + st.g * cx.dp),
-        u(ws.u_.data() + st.g * ws.u_stride_), c(ws.head_c_[st.g]), cx(cx), ws(ws), st(st) {}
+      : kv(kv), idx(idx), q(q), qpad(ws.qpad_.data() + (cx.head0 + st.g) * cx.dp),
+        u(ws.u_.data() + (cx.head0 + st.g) * ws.u_stride_), c(ws.head_c_[st.g]), cx(cx), ws(ws), st(st) {}
 
   /// Levels from the coarsest, each one's new keys, then the certificate; true when a
   /// level certified (o and cert filled), false when the head goes to the exact pass
@@ -291,7 +291,7 @@ struct head_loop : row_access {
   void include(std::size_t t, double s, int level, int heavy_level) noexcept {
     const double w = std::exp(s - c);
     ++st.values_read;
-    if (ws.record_) ws.recorded_[st.g].push_back({std::uint32_t(t), heavy_level});
+    if (ws.record_) ws.recorded_[cx.head0 + st.g].push_back({std::uint32_t(t), heavy_level});
     if (heavy_level <= level) {
       st.exact.add_heavy(w, add_centered(value_of(kv, t, cx), w, ws.exact_num_.data()).sq);
     } else {

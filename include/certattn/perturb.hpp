@@ -26,6 +26,10 @@ struct noise_key {
   // engine (one options.seed) draw independent perturbations; 0 leaves the stream of
   // (seed, step, layer, kv_head) as it is without one.
   std::uint64_t sequence = 0;
+  // The query's place among the positions of one attend_positions() call (speculative
+  // verification: the draft tokens), so that no two positions share perturbations; 0 for
+  // the first position and for attend_group(), whose stream it leaves as it is.
+  std::uint32_t position = 0;
 
   constexpr noise_key() noexcept = default;
   /// From any integer types (an engine's size_t or int indices): a negative value, or a
@@ -142,6 +146,7 @@ class perturbation {
     h = detail::mix64(h ^ (std::uint64_t(k.layer) + 0xa4093822299f31d0ULL));
     h = detail::mix64(h ^ (std::uint64_t(k.kv_head) + 0x082efa98ec4e6c89ULL));
     if (k.sequence != 0) h = detail::mix64(h ^ (k.sequence + 0x452821e638d01377ULL));
+    if (k.position != 0) h = detail::mix64(h ^ (std::uint64_t(k.position) + 0xbe5466cf34e90c6cULL));
     return h;
   }
   std::uint64_t key_;

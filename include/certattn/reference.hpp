@@ -350,4 +350,36 @@ inline std::vector<reference_result> reference_attend_group(
                                 extras, level_hints);
 }
 
+/// The reference of one attend_positions() call: for each position p in order,
+/// reference_attend_group() over the cache's first n - positions + p + 1 rows with
+/// noise_key::position = p. queries [positions][group][head_dim]; the results
+/// [positions][group], flattened.
+template <class Q, kv_view KV>
+inline std::vector<reference_result> reference_attend_positions(
+    std::span<const Q> queries, std::size_t positions, std::size_t group, const KV& kv,
+    const options& opt, const noise_key& nk, const reference_extras& extras = {},
+    std::span<const int> level_hints = {}) {
+  const std::size_t n = kv.size(), d = kv.head_dim();
+  if (positions == 0 || positions > n || queries.size() != positions * group * d)
+    throw error("reference_attend_positions: queries has " + std::to_string(queries.size()) +
+                " elements for " + std::to_string(positions) + " positions over " +
+                std::to_string(n) + " tokens, expected positions * group * head_dim = " +
+                std::to_string(positions * group * d));
+  const dense_rows<KV> rows(kv);
+  std::vector<reference_result> out;
+  out.reserve(positions * group);
+  for (std::size_t p = 0; p < positions; ++p) {
+    const std::size_t n_p = n - positions + p + 1;
+    noise_key nk_p = nk;
+    nk_p.position = std::uint32_t(p);
+    auto keys = rows.key_matrix(), values = rows.value_matrix();
+    keys.rows = values.rows = n_p;
+    std::vector<reference_result> r =
+        reference_attend_group(queries.subspan(p * group * d, group * d), group, keys, values,
+                               opt, nk_p, extras, level_hints);
+    for (auto& x : r) out.push_back(std::move(x));
+  }
+  return out;
+}
+
 }  // namespace certattn

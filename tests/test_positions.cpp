@@ -1,0 +1,390 @@
+// Several positions in one call (attend_positions()): speculative verification's Q draft
+// positions over one KV head. For each position and head the fast path computes what the
+// reference computes over the cache up to that position (same path, level, samples token
+// by token, beta to 1e-9), every certified head is within epsilon of exact attention with
+// the causal mask, outputs are the same bits on every instruction set, a steady-state
+// call does not allocate, one position is attend_group() bit for bit, and after a partial
+// acceptance (key_index::truncate) the next call equals one on a freshly built index. The
+// causal dense kernel (dense_attend_positions()) agrees with exact attention. Bad input
+// gets an error naming the argument.
+#include "support/count_allocations.hpp"
+
+#include <certattn/attend.hpp>
+#include <certattn/dense.hpp>
+#include <certattn/exact.hpp>
+#include <certattn/reference.hpp>
+
+#include "support/layouts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace certattn;
+using test::layout_kind;
+
+struct positions_case {
+  layout_kind layout;
+  synthetic::regime kind;
+  std::size_t positions, group, n, window;
+  bool variant;  // sliding window, ALiBi slopes, soft-cap and sinks
+  bool quantized;  // a q8_0 cache instead of fp16
+};
+
+std::string name_of(const positions_case& c) {
+  return test::to_string(c.layout) + "_" + std::string(synthetic::to_string(c.kind)) + "_Q" +
+         std::to_string(c.positions) + "_G" + std::to_string(c.group) + "_n" +
+         std::to_string(c.n) + "_w" + std::to_string(c.window) + (c.variant ? "_variant" : "") +
+         (c.quantized ? "_q8_0" : "");
+}
+
+/// The variant of a case, with its spans' storage.
+struct case_variant {
+  std::vector<float> slopes, sinks;
+  attention_variant v;
+  explicit case_variant(std::size_t G) {
+    for (std::size_t g = 0; g < G; ++g) {
+      slopes.push_back(0.002f * float(g + 1));
+      sinks.push_back(0.5f - 0.25f * float(g));
+    }
+    v.sliding_window = 2600;
+    v.logit_softcap = 30.0;
+    v.alibi_slopes = slopes;
+    v.sinks = sinks;
+  }
+};
+
+/// Exact attention of head g of position p: over the cache's first n - Q + p + 1 rows.
+template <class View>
+exact_result exact_at(const std::vector<float>& q, std::size_t p, std::size_t g, std::size_t Q,
+                      std::size_t G, const View& kv, const dense_rows<View>& rows,
+                      const options& opt) {
+  const std::size_t d = kv.head_dim(), n_p = kv.size() - Q + 1 + p;
+  auto keys = rows.key_matrix(), values = rows.value_matrix();
+  keys.rows = values.rows = n_p;
+  return exact_attention(std::span<const float>(q.data() + (p * G + g) * d, d), keys, values,
+                         opt.effective_softmax_scale(d), head_slice(opt.variant, g));
+}
+
+template <class View>
+void check_positions_call(const positions_case& c, const View& kv,
+                          const synthetic::kv_cache& src, std::size_t head) {
+  const std::size_t n = c.n, d = kv.head_dim(), Q = c.positions, G = c.group;
+  key_index idx(d);
+  const std::size_t n0 = n - 300;
+  idx.build(kv.prefix(n0));
+  for (std::size_t t = n0; t < n; ++t) idx.append(kv, t);
+  const dense_rows<View> rows(kv);
+  attend_workspace ws(Q * G, d, n);
+  ws.record_samples(true);
+  const case_variant cv(G);
+  options opt;
+  opt.seed = 17;
+  opt.window = c.window;
+  opt.route = routing::kOff;
+  if (c.variant) opt.variant = cv.v;
+  std::size_t certified = 0;
+  for (std::uint64_t step : {1u, 2u}) {
+    const noise_key nk{step, 0, std::uint32_t(head)};
+    std::vector<float> q;
+    for (std::size_t p = 0; p < Q; ++p) {
+      const std::vector<float> qp = synthetic::make_queries(src, head, G, 10 * step + p);
+      q.insert(q.end(), qp.begin(), qp.end());
+    }
+    std::vector<float> first_out;
+    std::vector<certificate> first_certs;
+    for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+      if (int(a) > int(detected_isa())) continue;
+      SCOPED_TRACE(std::string(to_string(a)) + " step " + std::to_string(step));
+      std::vector<float> out(Q * G * d);
+      std::vector<certificate> certs(Q * G);
+      set_isa_cap(a);
+      attend_positions(std::span<const float>(q), Q, G, kv, idx, nk, opt, std::span<float>(out),
+                       std::span<certificate>(certs), ws);
+      set_isa_cap(isa::kAvx512Vnni);
+      ASSERT_EQ(ws.last_stats().bound_violations, 0u);
+      if (first_out.empty()) {
+        first_out = out;
+        first_certs = certs;
+      } else {
+        for (std::size_t i = 0; i < out.size(); ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(first_out[i]))
+              << "output " << i << " differs across instruction sets";
+        for (std::size_t h = 0; h < Q * G; ++h) {
+          ASSERT_EQ(certs[h].level, first_certs[h].level);
+          ASSERT_EQ(certs[h].beta, first_certs[h].beta);
+        }
+        continue;
+      }
+      const reference_extras extras{idx.value_center(), idx.value_cap(), idx.reach_floor()};
+      const std::vector<reference_result> refs =
+          reference_attend_positions(std::span<const float>(q), Q, G, kv, opt, nk, extras);
+      ASSERT_EQ(refs.size(), Q * G);
+      for (std::size_t p = 0; p < Q; ++p)
+        for (std::size_t g = 0; g < G; ++g) {
+          const std::size_t h = p * G + g;
+          SCOPED_TRACE("position " + std::to_string(p) + " head " + std::to_string(g));
+          const reference_result& r = refs[h];
+          const certificate& f = certs[h];
+          ASSERT_EQ(to_string(f.path), to_string(r.cert.path));
+          ASSERT_EQ(f.level, r.cert.level);
+          ASSERT_EQ(f.sampled, r.cert.sampled);
+          ASSERT_EQ(f.heavy, r.cert.heavy);
+          ASSERT_EQ(f.max_score, r.cert.max_score);
+          if (!f.exact) {
+            EXPECT_NEAR(f.beta, r.cert.beta, 1e-9 * std::max(1.0, r.cert.beta));
+            EXPECT_NEAR(f.bound, r.cert.bound, 1e-9 * std::max(1.0, r.cert.bound));
+            std::set<std::uint32_t> fast, ref;
+            for (const auto& sk : ws.samples(h)) fast.insert(sk.token);
+            for (std::size_t t = 0; t < r.sample_level.size(); ++t)
+              if (r.sample_level[t] >= 0 && r.sample_level[t] <= f.level) ref.insert(std::uint32_t(t));
+            ASSERT_EQ(fast, ref) << "sample sets differ";
+          }
+          // Within epsilon of exact attention over the tokens up to the position's own
+          // (false failure probability <= delta per certified head).
+          const exact_result ex = exact_at(q, p, g, Q, G, kv, rows, opt);
+          double err2 = 0.0;
+          for (std::size_t i = 0; i < d; ++i) {
+            const double e = double(out[h * d + i]) - ex.output[i];
+            err2 += e * e;
+          }
+          if (f.certified) {
+            ++certified;
+            EXPECT_LE(std::sqrt(err2), opt.epsilon * ex.value_scale);
+          }
+        }
+      // The positions draw different perturbations: their samples differ somewhere.
+      if (Q > 1) {
+        bool differ = false;
+        for (std::size_t g = 0; g < G && !differ; ++g)
+          differ = refs[g].sample_level != refs[(Q - 1) * G + g].sample_level;
+        EXPECT_TRUE(differ);
+      }
+    }
+  }
+  EXPECT_GT(certified, 0u);
+
+  // A steady-state call does not allocate.
+  std::vector<float> q = synthetic::make_queries(src, head, Q * G, 99);
+  std::vector<float> out(Q * G * d);
+  std::vector<certificate> certs(Q * G);
+  ws.record_samples(false);
+  g_allocations = 0;
+  g_counting = true;
+  attend_positions(std::span<const float>(q), Q, G, kv, idx, noise_key{9, 0, std::uint32_t(head)},
+                   opt, std::span<float>(out), std::span<certificate>(certs), ws);
+  g_counting = false;
+  EXPECT_EQ(g_allocations.load(), 0);
+
+  // The causal dense kernel against exact attention, on every instruction set.
+  dense_workspace dws(Q * G, d);
+  for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+    if (int(a) > int(detected_isa())) continue;
+    set_isa_cap(a);
+    dense_attend_positions(std::span<const float>(q), Q, G, kv, float(opt.effective_softmax_scale(d)),
+                           std::span<float>(out), dws, opt.variant);
+    set_isa_cap(isa::kAvx512Vnni);
+    for (std::size_t p = 0; p < Q; ++p)
+      for (std::size_t g = 0; g < G; ++g) {
+        const exact_result ex = exact_at(q, p, g, Q, G, kv, rows, opt);
+        for (std::size_t i = 0; i < d; ++i)
+          ASSERT_NEAR(out[(p * G + g) * d + i], ex.output[i], 2e-5 * std::max(1.0, ex.value_scale))
+              << "dense_attend_positions on " << to_string(a) << ", position " << p << " head "
+              << g << " channel " << i;
+      }
+  }
+}
+
+template <class T>
+void run_positions_case(const positions_case& c) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = c.n;
+  cfg.head_dim = 64;
+  cfg.kv_heads = 2;
+  cfg.kind = c.kind;
+  cfg.seed = 91 + c.n;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<T>(src, c.layout);
+  if (c.layout == layout_kind::kPaged)
+    check_positions_call(c, cache.paged(1), src, 1);
+  else
+    check_positions_call(c, cache.strided(1), src, 1);
+}
+
+class PositionsCall : public ::testing::TestWithParam<positions_case> {};
+
+TEST_P(PositionsCall, EachPositionIsItsPrefixCall) {
+  const positions_case& c = GetParam();
+  if (c.quantized)
+    run_positions_case<block_q8_0>(c);
+  else
+    run_positions_case<half>(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PositionsCall,
+    ::testing::Values(
+        positions_case{layout_kind::kHnd, synthetic::regime::kMixed, 4, 4, 4000, 16, false, false},
+        positions_case{layout_kind::kHnd, synthetic::regime::kPeaked, 8, 4, 6000, 16, false, false},
+        // More positions than the window: the earlier drafts are the later ones' pool keys.
+        positions_case{layout_kind::kPaged, synthetic::regime::kMixed, 8, 2, 3000, 4, false, false},
+        positions_case{layout_kind::kNhd, synthetic::regime::kRecency, 2, 1, 3000, 16, false, false},
+        positions_case{layout_kind::kHnd, synthetic::regime::kMixed, 4, 2, 4000, 16, true, false},
+        positions_case{layout_kind::kPaged, synthetic::regime::kPeaked, 4, 4, 3000, 16, false, true}),
+    [](const auto& info) { return name_of(info.param); });
+
+/// One position is attend_group() bit for bit (noise_key::position 0 leaves its stream).
+TEST(Positions, OnePositionIsAttendGroup) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = 5000;
+  cfg.head_dim = 128;
+  cfg.kv_heads = 1;
+  cfg.seed = 3;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
+  const auto kv = cache.strided(0);
+  key_index idx(128);
+  idx.build(kv);
+  const std::size_t G = 4;
+  attend_workspace ws(G, 128, 5000);
+  group_history h1(G), h2(G);
+  options opt;
+  std::vector<float> a(G * 128), b(G * 128);
+  std::vector<certificate> ca(G), cb(G);
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    const std::vector<float> q = synthetic::make_queries(src, 0, G, step);
+    const noise_key nk{step, 0, 0};
+    attend_group(std::span<const float>(q), G, kv, idx, nk, opt, std::span<float>(a),
+                 std::span<certificate>(ca), ws, h1);
+    const group_stats sa = ws.last_stats();
+    attend_positions(std::span<const float>(q), 1, G, kv, idx, nk, opt, std::span<float>(b),
+                     std::span<certificate>(cb), ws, h2);
+    const group_stats sb = ws.last_stats();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(a[i]), std::bit_cast<std::uint32_t>(b[i])) << i;
+    for (std::size_t g = 0; g < G; ++g) {
+      EXPECT_EQ(ca[g].level, cb[g].level);
+      EXPECT_EQ(ca[g].beta, cb[g].beta);
+      EXPECT_EQ(ca[g].bytes_read, cb[g].bytes_read);
+    }
+    EXPECT_EQ(sa.refined, sb.refined);
+    EXPECT_EQ(sa.bytes_read, sb.bytes_read);
+    EXPECT_EQ(sa.keys_read, sb.keys_read);
+  }
+}
+
+/// Speculative verification's loop: append k drafts, verify them in one call, keep the
+/// accepted ones and truncate the rest; the next call equals one on an index that never
+/// saw the rejected drafts (the prompt built, then only the kept tokens appended).
+TEST(Positions, TruncateAfterPartialAcceptance) {
+  const std::size_t n = 6000, d = 64, G = 4, Q = 4;
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kv_heads = 1;
+  cfg.seed = 12;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
+  const auto kv = cache.strided(0);
+  const std::size_t prompt = 5000;
+  key_index idx(d);
+  idx.build(kv.prefix(prompt));
+  attend_workspace ws(Q * G, d, n);
+  options opt;
+  opt.route = routing::kOff;
+  std::size_t len = prompt;  // tokens kept so far
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    // Q drafts appended and verified; 1 + step % 3 of them accepted.
+    for (std::size_t t = len; t < len + Q; ++t) idx.append(kv, t);
+    std::vector<float> q = synthetic::make_queries(src, 0, Q * G, step);
+    std::vector<float> out(Q * G * d);
+    std::vector<certificate> certs(Q * G);
+    attend_positions(std::span<const float>(q), Q, G, kv.prefix(len + Q), idx,
+                     noise_key{step, 0, 0}, opt, std::span<float>(out),
+                     std::span<certificate>(certs), ws);
+    len += 1 + step % 3;
+    idx.truncate(kv, len);
+    // The next call on the truncated index, and on a fresh one.
+    idx.append(kv, len);
+    // Fresh: the same prompt, then only the kept tokens, never a rejected draft.
+    key_index fresh(d);
+    fresh.build(kv.prefix(prompt));
+    for (std::size_t t = prompt; t <= len; ++t) fresh.append(kv, t);
+    const std::vector<float> q1 = synthetic::make_queries(src, 0, G, 100 + step);
+    std::vector<float> a(G * d), b(G * d);
+    std::vector<certificate> ca(G), cb(G);
+    const noise_key nk{100 + step, 0, 0};
+    attend_group(std::span<const float>(q1), G, kv.prefix(len + 1), idx, nk, opt,
+                 std::span<float>(a), std::span<certificate>(ca), ws);
+    attend_group(std::span<const float>(q1), G, kv.prefix(len + 1), fresh, nk, opt,
+                 std::span<float>(b), std::span<certificate>(cb), ws);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(a[i]), std::bit_cast<std::uint32_t>(b[i]))
+          << "step " << step << " output " << i;
+    for (std::size_t g = 0; g < G; ++g) {
+      EXPECT_EQ(ca[g].level, cb[g].level);
+      EXPECT_EQ(ca[g].beta, cb[g].beta);
+    }
+    idx.truncate(kv, len);
+  }
+}
+
+std::string message_of(auto&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(PositionsBadInput, ErrorsNameTheArgument) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = 600;
+  cfg.head_dim = 32;
+  cfg.kv_heads = 1;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
+  const auto kv = cache.strided(0);
+  key_index idx(32);
+  idx.build(kv);
+  const std::size_t G = 2, Q = 3;
+  attend_workspace ws(Q * G, 32, 600), small(G, 32, 600);
+  options opt;
+  std::vector<float> q(Q * G * 32, 0.1f), out(Q * G * 32);
+  std::vector<certificate> certs(Q * G);
+  auto call = [&](std::size_t positions, std::span<const float> qs, attend_workspace& w) {
+    attend_positions(qs, positions, G, kv, idx, noise_key{1, 0, 0}, opt,
+                     std::span<float>(out).first(positions * G * 32),
+                     std::span<certificate>(certs).first(positions * G), w);
+  };
+  EXPECT_NE(message_of([&] { call(0, {}, ws); }).find("positions must be > 0"), std::string::npos);
+  EXPECT_NE(message_of([&] { call(Q, std::span<const float>(q).first(G * 32), ws); })
+                .find("queries has 64 elements, expected positions * group * head_dim = 192"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { call(Q, q, small); }).find("too small for this call (positions * group 6"),
+            std::string::npos);
+  std::vector<float> big(700 * G * 32, 0.1f), big_out(700 * G * 32);
+  std::vector<certificate> big_certs(700 * G);
+  EXPECT_NE(message_of([&] {
+              attend_positions(std::span<const float>(big), 700, G, kv, idx, noise_key{1, 0, 0}, opt,
+                               std::span<float>(big_out), std::span<certificate>(big_certs), ws);
+            }).find("positions (700) exceeds kv.size() (600)"),
+            std::string::npos);
+  q[G * 32 + 5] = std::nanf("");
+  EXPECT_NE(message_of([&] { call(Q, q, ws); }).find("queries contain a NaN"), std::string::npos);
+  dense_workspace dws(G, 32);
+  EXPECT_NE(message_of([&] {
+              dense_attend_positions(std::span<const float>(q), Q, G, kv, 0.0f, std::span<float>(out), dws);
+            }).find("ws"),
+            std::string::npos);
+}
+
+}  // namespace
