@@ -34,9 +34,11 @@ struct speed_flags : grid_flags {
   bool fit_cost = false;
   bool profile_stages = false;
   bool block_occupancy = false;
+  std::vector<std::size_t> positions{1};
 };
 
 struct speed_row : run_point {
+  std::size_t positions = 1;  // query positions per call (attend_positions)
   certificate_kind certificate = certificate_kind::kTight;
   routing route = routing::kAuto;
   std::size_t reps = 0;
@@ -64,6 +66,7 @@ record to_record(const speed_row& r) {
   rec.insert(rec.end(), {
       {"certificate", std::string(to_string(r.certificate))},
       {"routing", std::string(to_string(r.route))},
+      {"positions", std::uint64_t(r.positions)},
       {"reps", std::uint64_t(r.reps)},
       {"dense_ms", r.dense_ms},
       {"certified_ms", r.certified_ms},
@@ -205,17 +208,20 @@ class nhd_dense_split {
 /// head keeps one group_history over the steps (fresh for each configuration).
 template <class ViewOf>
 std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const std::vector<key_index>& idx,
-                                   const std::vector<float>& queries, std::size_t group, const options& opt,
+                                   const std::vector<float>& queries, std::size_t positions,
+                                   std::size_t group, const options& opt,
                                    const layer_variant& variant, std::size_t steps, thread_pool& pool,
                                    worker_scratch& ws,
                                    const cache_flusher& flush, progress& prog, double units_per_step,
                                    bool block_occupancy) {
   const std::size_t H = lc.heads(), d = lc.head_dim(), n = lc.tokens(), G = group;
   const std::size_t dv = value_dim_of(view_of(0));  // fewer than d for a latent cache
-  const std::size_t per_step = H * G * d;
-  std::vector<float> out_dense(H * G * dv), out_cert(H * G * dv);
+  // Each KV head's P positions of G query heads: [P][G] consecutive query rows.
+  const std::size_t P = positions, PG = P * G;
+  const std::size_t per_step = H * PG * d;
+  std::vector<float> out_dense(H * PG * dv), out_cert(H * PG * dv);
   const float scale = float(opt.softmax_scale);
-  std::vector<certificate> certs(H * G);
+  std::vector<certificate> certs(H * PG);
   std::vector<group_history> history(H, group_history(G)), history_before;
   std::vector<group_stats> stats(H);
   nhd_dense_split nhd(pool.size(), n, H * G, d);
@@ -227,7 +233,13 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
 
     flush();
     auto t0 = bench_clock::now();
-    if (lc.kind() == layout_kind::kNhd && lc.format() == cache_format::f16) {
+    if (P > 1) {  // the causal dense kernel: each row read once for the P G queries
+      pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+        dense_attend_positions(q.subspan(h * PG * d, PG * d), P, G, view_of(h), scale,
+                               std::span<float>(out_dense.data() + h * PG * dv, PG * dv), ws.dense[w],
+                               variant.head(h));
+      });
+    } else if (lc.kind() == layout_kind::kNhd && lc.format() == cache_format::f16) {
       nhd.run(lc, q, G, scale, pool, ws.dense, out_dense);
     } else {
       pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
@@ -244,10 +256,15 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
     pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
       options head_opt = opt;
       head_opt.variant = variant.head(h);
-      attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h],
-                   noise_key{std::uint64_t(s), 0, std::uint32_t(h)}, head_opt,
-                   std::span<float>(out_cert.data() + h * G * dv, G * dv),
-                   std::span<certificate>(certs.data() + h * G, G), ws.attend[w], history[h]);
+      const noise_key nk{std::uint64_t(s), 0, std::uint32_t(h)};
+      if (P > 1)
+        attend_positions(q.subspan(h * PG * d, PG * d), P, G, view_of(h), idx[h], nk, head_opt,
+                         std::span<float>(out_cert.data() + h * PG * dv, PG * dv),
+                         std::span<certificate>(certs.data() + h * PG, PG), ws.attend[w], history[h]);
+      else
+        attend_group(q.subspan(h * G * d, G * d), G, view_of(h), idx[h], nk, head_opt,
+                     std::span<float>(out_cert.data() + h * G * dv, G * dv),
+                     std::span<certificate>(certs.data() + h * G, G), ws.attend[w], history[h]);
       stats[h] = ws.attend[w].last_stats();
     });
     r.certified_s = seconds_since(t0);
@@ -286,7 +303,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
 }
 
 speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std::size_t n,
-                    std::size_t H, std::size_t G, std::size_t kv_bytes, double read_gbps) {
+                    std::size_t H, std::size_t G, std::size_t P, std::size_t kv_bytes, double read_gbps) {
   speed_row row;
   std::vector<double> dense, cert, ratio;
   double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
@@ -317,7 +334,9 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
     row.block_occupancy_frac = occ_blocks / occ_heads;
     row.subblock_occupancy_frac = occ_sub / occ_heads;
   }
-  const double steps = double(dense.size()), calls = steps * double(H * G);
+  // calls: query heads answered (P positions of G heads per KV head); group_calls: calls
+  // of the library (one per KV head and step, whatever its positions).
+  const double steps = double(dense.size()), calls = steps * double(H * G * P);
   row.reps = dense.size();
   row.dense_ms = 1e3 * median(dense);
   row.certified_ms = 1e3 * median(cert);
@@ -381,8 +400,10 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   if (many_regimes) headers.push_back("<regime");
   if (many_eps) headers.push_back("eps");
   if (many_delta) headers.push_back("delta");
+  const bool many_positions = f.positions.size() > 1 || f.positions[0] != 1;
   headers.push_back("<cert");
   headers.push_back("<route");
+  if (many_positions) headers.push_back("pos");
   for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "refined/call",
                         "lines/call", "certified %", "exact %", "dense GB/s", "of read bw", "x floor"})
     headers.push_back(h);
@@ -395,6 +416,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     if (many_delta) c.push_back(strf("%g", r.delta));
     c.push_back(std::string(to_string(r.certificate)));
     c.push_back(std::string(to_string(r.route)));
+    if (many_positions) c.push_back(std::to_string(r.positions));
     c.push_back(strf("%.2f", r.dense_ms));
     c.push_back(strf("%.2f", r.certified_ms));
     c.push_back(strf("%.2fx", r.speedup));
@@ -420,18 +442,22 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       "group call (one KV head); cert = tight (every step after the first hinted with "
       "the levels of the step before) or classic (the paper's).\nroute = options.route (auto: group_history "
       "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
-      "exact %% = query heads answered by exact attention (routed, over budget or fallback).\nx floor = cert ms / "
+      "exact %% = query heads answered by exact attention (routed, over budget or fallback).\npos = query positions "
+      "per call (--positions: attend_positions() against the causal dense kernel dense_attend_positions(); keys/head "
+      "and certified %% per query head and position, refined/call and lines/call per call).\nx floor = cert ms / "
       "(the call's bytes at the read bandwidth measured with as many threads): 1 is a call at its memory floor.\n",
       f.reps, f.kv_heads, f.group, f.head_dim,
       dtypes ? "dense = the dense kernel over the cache in its dtype" : "fp16");
 
   if (f.profile_stages) {
     std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};
+    if (many_positions) sh.push_back("pos");
     for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
     text_table stages(sh);
     for (const speed_row& r : rows) {
       std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads),
                                  std::string(to_string(r.certificate))};
+      if (many_positions) c.push_back(std::to_string(r.positions));
       for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
       stages.add_row(c);
     }
@@ -549,6 +575,15 @@ void run_speed(const speed_flags& f) {
       throw error("--variant latent:DV runs on the f16 cache only");
   }
   const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
+  std::size_t max_positions = 1;
+  for (std::size_t p : f.positions) {
+    if (p == 0 || p > 64) throw error("--positions " + std::to_string(p) + ": each must lie in [1, 64]");
+    max_positions = std::max(max_positions, p);
+  }
+  if (max_positions > 1 && f.block_occupancy)
+    throw error("--block-occupancy runs with --positions 1 only");
+  if (max_positions > 1 && g.variant.latent > 0)
+    throw error("--variant latent:DV runs with --positions 1 only");
   std::vector<routing> routings;
   for (const std::string& r : f.routings) {
     const routing x = routing_from_string(r);
@@ -569,7 +604,7 @@ void run_speed(const speed_flags& f) {
   for (std::size_t n : g.contexts) {
     total += double(g.regimes.size()) * double(n * H) * kSetupSteps;
     total += double(g.regimes.size() * g.layouts.size() * g.threads.size() * f.eps.size() * f.delta.size() *
-                    certificates.size() * routings.size()) *
+                    certificates.size() * routings.size() * f.positions.size()) *
              double(steps) * double(n * H);
   }
   progress prog("certattn-bench speed", total, !f.quiet);
@@ -604,8 +639,10 @@ void run_speed(const speed_flags& f) {
       cfg.kind = regime;
       cfg.seed = f.seed;
       const syn::kv_cache cache = syn::make_cache(cfg);
-      const std::vector<float> queries = make_step_queries(cache, G, steps);
-      worker_scratch scratch(P.largest().size(), G, d, H, n, f.profile_stages);
+      // Per --positions value: each KV head's P positions of G query heads.
+      std::map<std::size_t, std::vector<float>> queries_of;
+      for (std::size_t p : f.positions) queries_of[p] = make_step_queries(cache, p * G, steps);
+      worker_scratch scratch(P.largest().size(), max_positions * G, d, H, n, f.profile_stages);
       for (cache_format dtype : g.dtypes) {
       // The index of each KV head, built from the head-major cache in this format (every
       // layout of it stores the same numbers).
@@ -635,9 +672,12 @@ void run_speed(const speed_flags& f) {
           for (double eps : f.eps)
             for (double delta : f.delta)
               for (certificate_kind cert : certificates)
-                for (routing route : routings) {
+                for (routing route : routings)
+                for (std::size_t positions : f.positions) {
+                  const std::vector<float>& queries = queries_of.at(positions);
                   prog.set_stage(ctx + " " + std::string(to_string(layout)) + " " + std::to_string(t) + "T " +
-                                 std::string(to_string(cert)) + " " + std::string(to_string(route)));
+                                 std::string(to_string(cert)) + " " + std::string(to_string(route)) +
+                                 (positions > 1 ? " " + std::to_string(positions) + " positions" : ""));
                   options opt;
                   opt.epsilon = eps;
                   opt.delta = delta;
@@ -651,22 +691,25 @@ void run_speed(const speed_flags& f) {
                                            const strided_kv<half> kv = lc.strided(h);
                                            return latent_kv<half>(kv.key(0), n, d, dv, kv.key_stride());
                                          },
-                                         idx, queries, G, opt, variant, steps, P.get(t), scratch, flush, prog,
+                                         idx, queries, positions, G, opt, variant, steps, P.get(t), scratch,
+                                         flush, prog,
                                          2.0 * double(n * H), f.block_occupancy)
                              : lc.visit([&](auto view_of) {
-                                 return run_steps(lc, view_of, idx, queries, G, opt, variant, steps, P.get(t),
-                                                  scratch, flush, prog, 2.0 * double(n * H), f.block_occupancy);
+                                 return run_steps(lc, view_of, idx, queries, positions, G, opt, variant, steps,
+                                                  P.get(t), scratch, flush, prog, 2.0 * double(n * H),
+                                                  f.block_occupancy);
                                });
                   // A latent layer's dense pass reads each row once (the values are inside the keys).
                   const std::size_t kv_bytes = dv > 0 ? lc.kv_bytes(n) / 2 : lc.kv_bytes(n);
-                  speed_row row = summarise(res, f.warmup, n, H, G, kv_bytes, bandwidth.at(t));
+                  speed_row row = summarise(res, f.warmup, n, H, G, positions, kv_bytes, bandwidth.at(t));
                   static_cast<run_point&>(row) = {n, H, G, d, t, layout, regime, eps, delta, dtype};
                   row.certificate = cert;
                   row.route = route;
+                  row.positions = positions;
                   row.profile_stages = f.profile_stages;
                   row.block_occupancy = f.block_occupancy;
                   rows.push_back(row);
-                  if (route == routing::kOff)
+                  if (route == routing::kOff && positions == 1)
                     for (std::size_t s = f.warmup; s < res.size(); ++s)
                       if (res[s].fallbacks == 0)
                         cost_points.push_back({double(res[s].sampled) / double(H * n),
@@ -698,6 +741,11 @@ void add_speed_command(CLI::App& app) {
                   "costs more than dense), off")
       ->delimiter(',')
       ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--positions", f->positions,
+                  "query positions per call, comma-separated (speculative verification's drafts: attend_positions() "
+                  "against the causal dense kernel over the same positions)")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_flag("--fit-cost", f->fit_cost,
                 "fit the cost model (options.cost) by least squares over the steps run with --routing off (added "
