@@ -90,8 +90,17 @@ class layer_cache {
 
   /// Calls f(view_of) with view_of(h) -> the kv_view of head h (all tokens), so that the
   /// timed loops are compiled once per format and view type and never branch inside.
+  /// A build with CERTATTN_BENCH_F16_ONLY (the aarch64 preset's, whose bench runs one fp16
+  /// smoke under qemu) compiles the fp16 loops only: each other format triples nothing but
+  /// the build time there.
   template <class F>
   decltype(auto) visit(F&& f) const {
+#if CERTATTN_BENCH_F16_ONLY
+    if (format_ != cache_format::f16)
+      throw error("--dtype " + std::string(to_string(format_)) +
+                  ": this certattn-bench was built with CERTATTN_BENCH_F16_ONLY (fp16 caches only)");
+    return visit_as<half>(f);
+#else
     switch (format_) {
       case cache_format::bf16: return visit_as<bfloat16>(f);
       case cache_format::q8_0: return visit_as<block_q8_0>(f);
@@ -100,6 +109,7 @@ class layer_cache {
       case cache_format::fp8_e5m2: return visit_as<fp8_e5m2>(f);
       default: return visit_as<half>(f);
     }
+#endif
   }
 
  private:
