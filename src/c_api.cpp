@@ -517,12 +517,14 @@ int certattn_history_levels(const certattn_history* history, int32_t* levels, si
 
 // ---- calls
 
-int certattn_attend_group(const float* queries, size_t group, const certattn_cache* cache,
-                          const certattn_index* index, const certattn_noise_key* key,
-                          const certattn_options* options, float* out,
-                          certattn_certificate* certs, certattn_workspace* workspace,
-                          certattn_history* history) {
-  return guarded("certattn_attend_group", [&] {
+namespace {
+/// certattn_attend_group() (positions == 0) and certattn_attend_positions().
+int attend_call(const char* fn, const float* queries, size_t positions, size_t group,
+                const certattn_cache* cache, const certattn_index* index,
+                const certattn_noise_key* key, const certattn_options* options, float* out,
+                certattn_certificate* certs, certattn_workspace* workspace,
+                certattn_history* history) {
+  return guarded(fn, [&] {
     require(queries, "queries");
     require(index, "index");
     require(key, "key");
@@ -537,51 +539,88 @@ int certattn_attend_group(const float* queries, size_t group, const certattn_cac
     nk.kv_head = key->kv_head;
     nk.sequence = key->sequence;
     with_cache(cache, [&](const auto& kv) {
-      const std::size_t d = kv.head_dim();
-      if (group == 0 || group > workspace->certs.size())
-        throw error("group = " + std::to_string(group) + " must lie in [1, " +
+      const std::size_t d = kv.head_dim(), Q = std::max<std::size_t>(positions, 1);
+      if (positions > 0 && (positions > kv.size() || positions > workspace->certs.size()))
+        throw error("positions = " + std::to_string(positions) + " must lie in [1, min(cache.n_tokens = " +
+                    std::to_string(kv.size()) + ", the workspace's group = " +
+                    std::to_string(workspace->certs.size()) + ")]");
+      if (group == 0 || Q * group > workspace->certs.size())
+        throw error(std::string(positions > 0 ? "positions * group = " : "group = ") +
+                    std::to_string(Q * group) + " must lie in [1, " +
                     std::to_string(workspace->certs.size()) + "] (the workspace's group)");
       if (d != workspace->ws.head_dim())
         throw error("cache.head_dim (" + std::to_string(d) + ") != the workspace's head_dim (" +
                     std::to_string(workspace->ws.head_dim()) + ")");
-      const std::span<const float> q(queries, group * d);
-      const std::span<float> o(out, group * certattn::value_dim_of(kv));
-      const std::span<certattn::certificate> c(workspace->certs.data(), group);
-      if (history != nullptr)
-        certattn::attend_group(q, group, kv, index->idx, nk, opt, o, c, workspace->ws,
-                               history->h);
-      else
+      const std::span<const float> q(queries, Q * group * d);
+      const std::span<float> o(out, Q * group * certattn::value_dim_of(kv));
+      const std::span<certattn::certificate> c(workspace->certs.data(), Q * group);
+      if (positions == 0 && history != nullptr)
+        certattn::attend_group(q, group, kv, index->idx, nk, opt, o, c, workspace->ws, history->h);
+      else if (positions == 0)
         certattn::attend_group(q, group, kv, index->idx, nk, opt, o, c, workspace->ws);
-      for (std::size_t g = 0; g < group; ++g) certs[g] = to_c(c[g]);
+      else if (history != nullptr)
+        certattn::attend_positions(q, positions, group, kv, index->idx, nk, opt, o, c, workspace->ws,
+                                   history->h);
+      else
+        certattn::attend_positions(q, positions, group, kv, index->idx, nk, opt, o, c, workspace->ws);
+      for (std::size_t g = 0; g < Q * group; ++g) certs[g] = to_c(c[g]);
     });
   });
 }
+}  // namespace
+
+int certattn_attend_group(const float* queries, size_t group, const certattn_cache* cache,
+                          const certattn_index* index, const certattn_noise_key* key,
+                          const certattn_options* options, float* out,
+                          certattn_certificate* certs, certattn_workspace* workspace,
+                          certattn_history* history) {
+  return attend_call("certattn_attend_group", queries, 0, group, cache, index, key, options, out, certs,
+                     workspace, history);
+}
+
+int certattn_attend_positions(const float* queries, size_t positions, size_t group,
+                              const certattn_cache* cache, const certattn_index* index,
+                              const certattn_noise_key* key, const certattn_options* options,
+                              float* out, certattn_certificate* certs,
+                              certattn_workspace* workspace, certattn_history* history) {
+  if (positions == 0)
+    return guarded("certattn_attend_positions", [] { throw error("positions must be > 0"); });
+  return attend_call("certattn_attend_positions", queries, positions, group, cache, index, key, options,
+                     out, certs, workspace, history);
+}
 
 namespace {
-int dense_attend_call(const char* fn, const float* queries, size_t group, const certattn_cache* cache,
-                      float softmax_scale, const certattn_variant* variant, float* out,
-                      certattn_workspace* workspace) {
+/// certattn_dense_attend(_variant) (positions == 0) and certattn_dense_attend_positions().
+int dense_attend_call(const char* fn, const float* queries, size_t positions, size_t group,
+                      const certattn_cache* cache, float softmax_scale,
+                      const certattn_variant* variant, float* out, certattn_workspace* workspace) {
   return guarded(fn, [&] {
     require(queries, "queries");
     require(out, "out");
     require(workspace, "workspace");
     with_cache(cache, [&](const auto& kv) {
-      const std::size_t d = kv.head_dim();
+      const std::size_t d = kv.head_dim(), Q = std::max<std::size_t>(positions, 1);
       if (kv.size() == 0) throw error("cache.n_tokens: the cache is empty");
-      if (group == 0 || group > workspace->dense.group())
-        throw error("group = " + std::to_string(group) + " must lie in [1, " +
+      if (positions > kv.size())
+        throw error("positions = " + std::to_string(positions) + " exceeds cache.n_tokens = " +
+                    std::to_string(kv.size()));
+      if (group == 0 || Q * group > workspace->dense.group())
+        throw error(std::string(positions > 0 ? "positions * group = " : "group = ") +
+                    std::to_string(Q * group) + " must lie in [1, " +
                     std::to_string(workspace->dense.group()) + "] (the workspace's group)");
       if (d != workspace->dense.head_dim())
         throw error("cache.head_dim (" + std::to_string(d) + ") != the workspace's head_dim (" +
                     std::to_string(workspace->dense.head_dim()) + ")");
-      for (std::size_t i = 0; i < group * d; ++i)
+      for (std::size_t i = 0; i < Q * group * d; ++i)
         if (!std::isfinite(queries[i])) throw error("queries contain a NaN or Inf");
       const certattn::attention_variant v =
           variant != nullptr ? to_cpp(*variant, group) : certattn::attention_variant{};
-      certattn::dense_attend(std::span<const float>(queries, group * d), group, kv,
-                             softmax_scale, std::span<float>(out, group * certattn::value_dim_of(kv)),
-                             workspace->dense, 0,
-                             SIZE_MAX, v);
+      const std::span<const float> q(queries, Q * group * d);
+      const std::span<float> o(out, Q * group * certattn::value_dim_of(kv));
+      if (positions > 0)
+        certattn::dense_attend_positions(q, positions, group, kv, softmax_scale, o, workspace->dense, v);
+      else
+        certattn::dense_attend(q, group, kv, softmax_scale, o, workspace->dense, 0, SIZE_MAX, v);
     });
   });
 }
@@ -589,15 +628,25 @@ int dense_attend_call(const char* fn, const float* queries, size_t group, const 
 
 int certattn_dense_attend(const float* queries, size_t group, const certattn_cache* cache,
                           float softmax_scale, float* out, certattn_workspace* workspace) {
-  return dense_attend_call("certattn_dense_attend", queries, group, cache, softmax_scale, nullptr, out,
+  return dense_attend_call("certattn_dense_attend", queries, 0, group, cache, softmax_scale, nullptr, out,
                            workspace);
 }
 
 int certattn_dense_attend_variant(const float* queries, size_t group, const certattn_cache* cache,
                                   float softmax_scale, const certattn_variant* variant, float* out,
                                   certattn_workspace* workspace) {
-  return dense_attend_call("certattn_dense_attend_variant", queries, group, cache, softmax_scale, variant,
+  return dense_attend_call("certattn_dense_attend_variant", queries, 0, group, cache, softmax_scale, variant,
                            out, workspace);
+}
+
+int certattn_dense_attend_positions(const float* queries, size_t positions, size_t group,
+                                    const certattn_cache* cache, float softmax_scale,
+                                    const certattn_variant* variant, float* out,
+                                    certattn_workspace* workspace) {
+  if (positions == 0)
+    return guarded("certattn_dense_attend_positions", [] { throw error("positions must be > 0"); });
+  return dense_attend_call("certattn_dense_attend_positions", queries, positions, group, cache,
+                           softmax_scale, variant, out, workspace);
 }
 
 namespace {

@@ -3,8 +3,9 @@
  * the exact reference, and every bad input's status and message.
  *
  * Outputs are compared with certattn_exact_attention within the certificate's bound beta.
- * delta = 1e-9 per call and head; the test makes 4 heads x 12 certified calls, so the
- * probability of a false failure is below 5e-8. Everything else is deterministic: the same
+ * delta = 1e-9 per call and head; the test makes 4 heads x 12 certified calls and 3
+ * positions x 4 heads in one multi-position call, so the probability of a false failure
+ * is below 6e-8. Everything else is deterministic: the same
  * inputs must give the same bits (two calls, two layouts). */
 #include <certattn/c/certattn.h>
 
@@ -349,6 +350,62 @@ static void test_calls(void) {
   certattn_index_destroy(idx);
 }
 
+/* Three positions of one KV head in one call (speculative verification): each position's
+ * answer within its certificate of exact attention over the cache up to its own token;
+ * one position is certattn_attend_group() bit for bit; the causal dense kernel agrees with
+ * the dense kernel over each prefix. */
+static void test_positions(void) {
+  enum { P = 3 };
+  certattn_index* idx = NULL;
+  certattn_workspace* ws = NULL;
+  certattn_options o;
+  certattn_noise_key key = {7, 0, 0, 0};
+  certattn_cache cache = strided_cache(N);
+  static float q[P * G * D], out[P * G * D], dense[P * G * D], one[G * D];
+  certattn_certificate certs[P * G], one_certs[G];
+  certattn_group_stats stats;
+  size_t p, g;
+  for (p = 0; p < P; ++p) memcpy(&q[p * G * D], g_queries, sizeof g_queries);
+  CHECK_OK(certattn_options_default(&o));
+  o.delta = 1e-9;
+  CHECK_OK(certattn_index_create(D, &idx));
+  CHECK_OK(certattn_index_build(idx, &cache));
+  CHECK_OK(certattn_workspace_create(P * G, D, N, &ws));
+
+  CHECK_OK(certattn_attend_positions(q, P, G, &cache, idx, &key, &o, out, certs, ws, NULL));
+  CHECK_OK(certattn_workspace_last_stats(ws, &stats));
+  CHECK(stats.bound_violations == 0 && stats.bytes_read > 0);
+  for (p = 0; p < P; ++p) {
+    certattn_cache prefix = strided_cache(N - P + 1 + p);
+    check_against_exact(&prefix, &out[p * G * D], &certs[p * G], &o);
+  }
+  /* One position is the group call. */
+  CHECK_OK(certattn_attend_positions(g_queries, 1, G, &cache, idx, &key, &o, one, one_certs, ws, NULL));
+  CHECK_OK(certattn_attend_group(g_queries, G, &cache, idx, &key, &o, out, certs, ws, NULL));
+  CHECK(memcmp(one, out, sizeof one) == 0);
+  CHECK(memcmp(one_certs, certs, sizeof one_certs) == 0);
+
+  /* The causal dense kernel against the dense kernel over each prefix. */
+  CHECK_OK(certattn_dense_attend_positions(q, P, G, &cache, 0.0f, NULL, dense, ws));
+  for (p = 0; p < P; ++p) {
+    certattn_cache prefix = strided_cache(N - P + 1 + p);
+    CHECK_OK(certattn_dense_attend(g_queries, G, &prefix, 0.0f, one, ws));
+    for (g = 0; g < G * D; ++g) CHECK(fabs(one[g] - dense[p * G * D + g]) <= 1e-4);
+  }
+
+  /* Bad input names the argument. */
+  CHECK_FAILS(certattn_attend_positions(q, 0, G, &cache, idx, &key, &o, out, certs, ws, NULL),
+              CERTATTN_EINVAL, "positions must be > 0");
+  CHECK_FAILS(certattn_attend_positions(q, P + 1, G, &cache, idx, &key, &o, out, certs, ws, NULL),
+              CERTATTN_EINVAL, "positions * group = 16 must lie in [1, 12]");
+  CHECK_FAILS(certattn_dense_attend_positions(q, 0, G, &cache, 0.0f, NULL, dense, ws), CERTATTN_EINVAL,
+              "positions must be > 0");
+  CHECK_FAILS(certattn_dense_attend_positions(NULL, P, G, &cache, 0.0f, NULL, dense, ws), CERTATTN_EINVAL,
+              "queries");
+  certattn_workspace_destroy(ws);
+  certattn_index_destroy(idx);
+}
+
 static void test_bad_input(void) {
   certattn_index* idx = NULL;
   certattn_workspace* ws = NULL;
@@ -568,6 +625,7 @@ static void test_bad_input(void) {
 int main(void) {
   make_cache();
   test_calls();
+  test_positions();
   test_bad_input();
   if (g_failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);

@@ -291,7 +291,8 @@ CERTATTN_C_EXPORT void certattn_workspace_destroy(certattn_workspace* workspace)
 /* Time the stages of each call into certattn_group_stats.stage_seconds (on != 0; off by
  * default: two clock reads per stage). */
 CERTATTN_C_EXPORT int certattn_workspace_time_stages(certattn_workspace* workspace, int on);
-/* What the last certattn_attend_group() with this workspace read. */
+/* What the last certattn_attend_group() or certattn_attend_positions() with this workspace
+ * read (a multi-position call: summed over its positions). */
 CERTATTN_C_EXPORT int certattn_workspace_last_stats(const certattn_workspace* workspace,
                                                     certattn_group_stats* stats);
 
@@ -325,6 +326,24 @@ CERTATTN_C_EXPORT int certattn_attend_group(const float* queries, size_t group,
                                             certattn_workspace* workspace,
                                             certattn_history* history);
 
+/* Several query positions of one KV head in one call (certattn::attend_positions:
+ * speculative verification of draft tokens): position p in [0, positions) is the query of
+ * token n_tokens - positions + p, whose tokens are appended to the cache and the index
+ * before the call, and attends the tokens up to its own. queries
+ * [positions][group][head_dim], out [positions][group][value_dim], certs
+ * [positions][group]; the workspace created for a group of at least positions * group.
+ * Each position is the call certattn_attend_group() makes over the cache up to its own
+ * token with its own perturbations; the index is scanned once for all of them. After
+ * verification, certattn_index_truncate() drops the rejected drafts. Allocates nothing. */
+CERTATTN_C_EXPORT int certattn_attend_positions(const float* queries, size_t positions,
+                                                size_t group, const certattn_cache* cache,
+                                                const certattn_index* index,
+                                                const certattn_noise_key* key,
+                                                const certattn_options* options, float* out,
+                                                certattn_certificate* certs,
+                                                certattn_workspace* workspace,
+                                                certattn_history* history);
+
 /* Exact attention (the dense kernel, float accumulation) of `group` queries
  * [group][head_dim] over every token of the cache; out [group][value_dim]. softmax_scale 0
  * means 1/sqrt(head_dim). Uses the workspace's dense scratch; allocates nothing. */
@@ -339,6 +358,19 @@ CERTATTN_C_EXPORT int certattn_dense_attend_variant(const float* queries, size_t
                                                     float softmax_scale,
                                                     const certattn_variant* variant, float* out,
                                                     certattn_workspace* workspace);
+
+/* Exact attention of several query positions, causally (certattn::dense_attend_positions,
+ * certattn_attend_positions()'s baseline): queries [positions][group][head_dim], out
+ * [positions][group][value_dim]; variant as certattn_dense_attend_variant()'s (NULL:
+ * plain), applied to every position. The workspace created for a group of at least
+ * positions * group. Allocates nothing. */
+CERTATTN_C_EXPORT int certattn_dense_attend_positions(const float* queries, size_t positions,
+                                                      size_t group,
+                                                      const certattn_cache* cache,
+                                                      float softmax_scale,
+                                                      const certattn_variant* variant,
+                                                      float* out,
+                                                      certattn_workspace* workspace);
 
 /* Exact attention of one query [head_dim] in double precision (certattn::exact_attention,
  * the reference of every check): out [value_dim]; result may be NULL. Allocates. */
