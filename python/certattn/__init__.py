@@ -220,6 +220,28 @@ def _group_queries(q: np.ndarray, k: np.ndarray, name: str = "q") -> tuple[np.nd
     raise ValueError(f"k: expected [n_tokens, head_dim] or [kv_heads, n_tokens, head_dim], got {k.ndim} dimensions")
 
 
+def _position_queries(q: np.ndarray, k: np.ndarray, positions: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """q [positions, ...] (each position's queries shaped as _group_queries takes them) as
+    [kv_heads, positions * group, d], and the shape of one position's result."""
+    if isinstance(positions, bool) or not isinstance(positions, (int, np.integer)) or positions < 1:
+        raise ValueError(f"positions must be an integer >= 1, got {positions!r}")
+    if positions == 1:
+        return _group_queries(q, k)
+    if q.ndim < 2 or q.shape[0] != positions:
+        raise ValueError(f"q: expected a leading axis of positions={positions}, got shape {list(q.shape)}")
+    parts = [_group_queries(q[p], k) for p in range(positions)]
+    q4 = np.stack([x for x, _ in parts], axis=1)  # [kv_heads, positions, group, d]
+    return np.ascontiguousarray(q4.reshape(q4.shape[0], -1, q4.shape[-1])), parts[0][1]
+
+
+def _position_result(x: np.ndarray, positions: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A result [kv_heads, positions * group, ...] in the caller's layout: [positions, *shape]."""
+    if positions == 1:
+        return x.reshape(shape)
+    x = x.reshape((x.shape[0], positions, -1) + x.shape[2:]).swapaxes(0, 1)
+    return np.ascontiguousarray(x).reshape((positions,) + shape)
+
+
 def _like(x: np.ndarray, template: Any):
     if _is_torch(template):
         import torch
@@ -302,7 +324,7 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
            layer: int | None = None, kv_head: int = 0, sequence: int = 0, level_hints=None, history=None,
            routing: str = "auto", cost=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
            grid_top: int = 6, threads: int = 1, out=None, softcap=None, alibi_slopes=None, sinks=None,
-           sliding_window=None):
+           sliding_window=None, positions: int = 1):
     """Certified attention of one decoding step.
 
     One group: k, v [n, d] (one KV head), q [G, d] (or [d]); kv_head names the head in the
@@ -330,6 +352,12 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     denominator, gpt-oss) and ``sliding_window`` (only the newest W tokens attend); None
     (default): off.
 
+    ``positions`` (speculative verification, docs/integration.md): q gets a leading axis of
+    that many query positions, position p being the query of token n - positions + p, whose
+    tokens k, v and the index already hold; each attends the tokens up to its own, with its
+    own perturbations and certificates, and the index is scanned once for all of them
+    (attend_positions). ``out`` and ``level_hints`` are then not taken.
+
     Returns ``(out, certs)``: out float32 in q's shape (a torch tensor when q is one),
     certs a structured array (CERTIFICATE_DTYPE) with one record per query head.
     """
@@ -337,7 +365,10 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     if not isinstance(index, KeyIndex):
         raise TypeError(f"index must be a certattn.KeyIndex, got {type(index).__name__}")
     qf = _queries(q)
-    q3, shape = _group_queries(qf, kc)
+    if positions != 1 and (out is not None or level_hints is not None):
+        raise ValueError("positions > 1 takes neither out nor level_hints")
+    q3, shape = _position_queries(qf, kc, positions)
+    heads = q3.shape[0] * q3.shape[1] // positions
     opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
                    routing, cost)
     if history is not None and not isinstance(history, bool):
@@ -357,27 +388,30 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
         hints = np.asarray(level_hints)
         if hints.dtype.kind not in "iu":
             raise TypeError(f"level_hints must hold integers, got {hints.dtype}")
-        if hints.size != q3.shape[0] * q3.shape[1]:
-            raise ValueError(f"level_hints: {hints.size} values for {q3.shape[0] * q3.shape[1]} query heads")
+        if hints.size != heads:
+            raise ValueError(f"level_hints: {hints.size} values for {heads} query heads")
         if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
             raise ValueError("level_hints: levels are >= -1")
         hints = np.ascontiguousarray(hints, dtype=np.int32)
-    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
     o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
                             _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
-                            use_history, out, _count(threads, "threads"), variant)
-    return _like(o.reshape(shape[:-1] + o.shape[-1:]), q), certs.reshape(shape[:-1])
+                            use_history, out, _count(threads, "threads"), variant, positions)
+    return (_like(_position_result(o, positions, shape[:-1] + o.shape[-1:]), q),
+            _position_result(certs, positions, shape[:-1]))
 
 
 def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1, softcap=None, alibi_slopes=None,
-                 sinks=None, sliding_window=None):
+                 sinks=None, sliding_window=None, positions: int = 1):
     """Exact attention with the library's vectorised dense kernel (float32 accumulation), with
-    the variant arguments of attend()."""
+    the variant and ``positions`` arguments of attend() (several positions: causally, each
+    over the tokens up to its own, dense_attend_positions)."""
     kc, vc = _cache(k, "k"), _cache(v, "v")
-    q3, shape = _group_queries(_queries(q), kc)
-    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
-    o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"), variant)
-    return _like(o.reshape(shape[:-1] + o.shape[-1:]), q)
+    q3, shape = _position_queries(_queries(q), kc, positions)
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1] // positions)
+    o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"), variant,
+                           positions)
+    return _like(_position_result(o, positions, shape[:-1] + o.shape[-1:]), q)
 
 
 def exact_attention(q, k, v, *, softmax_scale: float = 0.0, softcap=None, alibi_slopes=None, sinks=None,

@@ -298,19 +298,20 @@ class py_index {
       dispatch(dtype_, [&](auto t) { idx_[h].truncate(kc.view_with<decltype(t)>(vc, h), n); });
   }
 
-  /// The certified call for every KV head of the index, queries q [heads][group][d]. With
-  /// use_history (then hints is null) each head's call gets that head's group_history,
-  /// created for this group size when the index holds none for it.
+  /// The certified call for every KV head of the index, queries q [heads][positions *
+  /// group][d] (each head's positions of `group` queries: attend_positions() when positions
+  /// > 1). With use_history (then hints is null) each head's call gets that head's
+  /// group_history, created for this group size when the index holds none for it.
   void attend(const query_arg& q, const cache_arg& k, const cache_arg& v, const options& opt, std::uint64_t step,
               std::uint32_t layer, std::uint32_t kv_head, std::uint64_t sequence, const std::int32_t* hints,
               bool use_history, float* out, cert_record* certs, std::size_t threads,
-              const py_variant* variant = nullptr) {
+              const py_variant* variant = nullptr, std::size_t positions = 1) {
     std::lock_guard<std::mutex> lk(mu_);
-    const std::size_t G = q.group, d = d_, H = q.heads;
+    const std::size_t P = positions, PG = q.group, G = PG / P, d = d_, H = q.heads;
     const bool single = !layer_;
-    ensure_workspaces(std::min(threads, H), G, k.n, opt.total_levels());
+    ensure_workspaces(std::min(threads, H), PG, k.n, opt.total_levels());
     if (use_history && !histories_fit(hist_, H, G)) hist_.assign(H, group_history(G));
-    std::vector<certificate> certs_all(H * G);
+    std::vector<certificate> certs_all(H * PG);
     for_heads(
         threads,
         [&](std::size_t h, std::size_t w) {
@@ -321,10 +322,16 @@ class py_index {
           std::span<const int> hint_span;
           if (hints != nullptr) hint_span = std::span<const int>(hints + h * G, G);
           dispatch(dtype_, [&](auto t) {
-            const auto queries = std::span<const float>(q.data + h * G * d, G * d);
-            const auto o = std::span<float>(out + h * G * v.d, G * v.d);
-            const auto c = std::span<certificate>(certs_all.data() + h * G, G);
-            if (use_history)
+            const auto queries = std::span<const float>(q.data + h * PG * d, PG * d);
+            const auto o = std::span<float>(out + h * PG * v.d, PG * v.d);
+            const auto c = std::span<certificate>(certs_all.data() + h * PG, PG);
+            if (P > 1 && use_history)
+              attend_positions(queries, P, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, head_opt, o, c,
+                               *ws_[w], hist_[h]);
+            else if (P > 1)
+              attend_positions(queries, P, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, head_opt, o, c,
+                               *ws_[w], hint_span);
+            else if (use_history)
               attend_group(queries, G, k.view_with<decltype(t)>(v, h), idx_[h], nk, head_opt, o, c, *ws_[w],
                            hist_[h]);
             else
@@ -333,7 +340,7 @@ class py_index {
           });
         },
         H);
-    for (std::size_t i = 0; i < H * G; ++i) certs[i] = to_record(certs_all[i]);
+    for (std::size_t i = 0; i < H * PG; ++i) certs[i] = to_record(certs_all[i]);
   }
 
   /// Forget every head's history (a new sequence in this index's slot).
@@ -410,14 +417,23 @@ py::array_t<cert_record> new_certs(std::size_t heads, std::size_t group) {
   return py::array_t<cert_record>({py::ssize_t(heads), py::ssize_t(group)});
 }
 
+/// q [heads][positions * group][d]: a whole number of positions per KV head.
+void check_positions(const query_arg& q, std::size_t positions) {
+  if (positions == 0) throw py::value_error("positions must be > 0");
+  if (q.group % positions != 0)
+    throw py::value_error("q: " + std::to_string(q.group) + " queries per KV head are not " +
+                          std::to_string(positions) + " positions of a group");
+}
+
 py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, py_index& index,
                     const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
                     std::uint64_t sequence, const py::object& hints_in, bool use_history, const py::object& out_in,
-                    std::size_t threads, const py_variant* variant) {
+                    std::size_t threads, const py_variant* variant, std::size_t positions) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
   index.check_cache(k);
+  check_positions(q, positions);
   if (q.heads != k.heads)
     throw py::value_error("q has " + std::to_string(q.heads) + " KV-head groups, the cache " + std::to_string(k.heads));
   if (q.d != k.d)
@@ -426,8 +442,8 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
   py::array_t<std::int32_t> hints_arr;
   if (!hints_in.is_none()) {
     hints_arr = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
-    if (!hints_arr || std::size_t(hints_arr.size()) != q.heads * q.group)
-      throw py::value_error("level_hints: expected " + std::to_string(q.heads * q.group) +
+    if (!hints_arr || std::size_t(hints_arr.size()) != q.heads * q.group / positions)
+      throw py::value_error("level_hints: expected " + std::to_string(q.heads * q.group / positions) +
                             " integers (one per query head), e.g. the previous step's certificates['level']");
     hints = hints_arr.data();
   }
@@ -448,7 +464,8 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
   cert_record* c = certs.mutable_data();
   {
     py::gil_scoped_release nogil;
-    index.attend(q, k, v, opt, step, layer, kv_head, sequence, hints, use_history, o, c, threads, variant);
+    index.attend(q, k, v, opt, step, layer, kv_head, sequence, hints, use_history, o, c, threads, variant,
+                 positions);
   }
   return py::make_tuple(out, certs);
 }
@@ -476,25 +493,31 @@ void check_softmax_scale(double softmax_scale) {
 }
 
 py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale,
-                            std::size_t threads, const py_variant* variant) {
+                            std::size_t threads, const py_variant* variant, std::size_t positions) {
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
   check_queries(q, k);
+  check_positions(q, positions);
   check_softmax_scale(softmax_scale);
   py::array_t<float> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   float* o = out.mutable_data();
   {
     py::gil_scoped_release nogil;
-    const std::size_t G = q.group, d = q.d, dv = v.d;
+    const std::size_t PG = q.group, G = PG / positions, d = q.d, dv = v.d;
     std::vector<dense_workspace> ws;
     for (std::size_t i = 0; i < std::min(std::max<std::size_t>(threads, 1), q.heads); ++i)
-      ws.push_back(make_dense_workspace(G, d));
+      ws.push_back(make_dense_workspace(PG, d));
     run_heads(q.heads, threads, [&](std::size_t h, std::size_t w) {
       dispatch(k.dtype, [&](auto t) {
-        dense_attend(std::span<const float>(q.data + h * G * d, G * d), G, k.view_with<decltype(t)>(v, h),
-                     float(softmax_scale), std::span<float>(o + h * G * dv, G * dv), ws[w], 0, SIZE_MAX,
-                     variant_of(variant, h, G, q.heads));
+        const auto queries = std::span<const float>(q.data + h * PG * d, PG * d);
+        const auto o_h = std::span<float>(o + h * PG * dv, PG * dv);
+        if (positions > 1)
+          dense_attend_positions(queries, positions, G, k.view_with<decltype(t)>(v, h), float(softmax_scale), o_h,
+                                 ws[w], variant_of(variant, h, G, q.heads));
+        else
+          dense_attend(queries, G, k.view_with<decltype(t)>(v, h), float(softmax_scale), o_h, ws[w], 0, SIZE_MAX,
+                       variant_of(variant, h, G, q.heads));
       });
     });
     for (std::size_t i = 0; i < q.heads * G * dv; ++i)
@@ -938,9 +961,10 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("attend", &attend_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"), py::arg("options"),
         py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"), py::arg("level_hints"),
-        py::arg("history"), py::arg("out"), py::arg("threads"), py::arg("variant").none(true) = py::none());
+        py::arg("history"), py::arg("out"), py::arg("threads"), py::arg("variant").none(true) = py::none(),
+        py::arg("positions") = 1);
   m.def("dense_attend", &dense_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
-        py::arg("threads"), py::arg("variant").none(true) = py::none());
+        py::arg("threads"), py::arg("variant").none(true) = py::none(), py::arg("positions") = 1);
   m.def("exact_attention", &exact_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
         py::arg("variant").none(true) = py::none());
   m.def("reference_attend", &reference_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),

@@ -98,6 +98,38 @@ def binomial_tail(v, n, p):
     return certattn._binomial_upper_tail(v, n, p)
 
 
+def test_positions_each_within_its_certificate():
+    """Four draft positions of a layer (2 KV heads, G = 4) in one call: each position's
+    answer within its certificate of exact attention over the cache up to its own token.
+    delta = 1e-9 per head: 32 certified answers fail together with probability < 4e-8.
+    One position is the plain call, bit for bit; the causal dense kernel agrees with the
+    dense kernel over each prefix."""
+    P = 4
+    k, v, q = synthetic_cache(4096, 64, heads=2, seed=41, focus=2.0, groups=4, steps=P)
+    index = certattn.KeyIndex(k, v)
+    out, certs = certattn.attend(q, k, v, index, eps=0.1, delta=1e-9, seed=3, step=1, layer=0, history=False,
+                                 positions=P)
+    assert out.shape == (P, 2, 4, 64) and certs.shape == (P, 2, 4)
+    dense = certattn.dense_attend(q, k, v, positions=P)
+    n = k.shape[1]
+    for p in range(P):
+        n_p = n - P + 1 + p
+        exact, info = certattn.exact_attention(q[p], k[:, :n_p], v[:, :n_p])
+        err = np.linalg.norm(out[p] - exact, axis=-1)
+        beta = np.where(certs[p]["exact"], 1e-5 * info["value_scale"], certs[p]["beta"])
+        assert (certs[p]["certified"] | certs[p]["exact"]).all()
+        assert (err <= beta + 1e-6 * info["value_scale"]).all(), (p, err, beta)
+        assert np.allclose(dense[p], certattn.dense_attend(q[p], k[:, :n_p], v[:, :n_p]), atol=1e-4)
+    one, one_certs = certattn.attend(q[0], k, v, index, eps=0.1, delta=1e-9, seed=3, step=1, layer=0, history=False)
+    out1, certs1 = certattn.attend(q[0], k, v, index, eps=0.1, delta=1e-9, seed=3, step=1, layer=0, history=False,
+                                   positions=1)
+    assert np.array_equal(one, out1) and same_certs(one_certs, certs1)
+    with pytest.raises(ValueError, match="leading axis of positions=4"):
+        certattn.attend(q[0], k, v, index, step=1, layer=0, positions=P)
+    with pytest.raises(ValueError, match="positions must be an integer >= 1"):
+        certattn.dense_attend(q, k, v, positions=0)
+
+
 def test_certificates_hold_on_synthetic_caches():
     """Three attention regimes x 3 error scales x 2 epsilons, 96 calls each (1728 calls).
     Under the guarantee each certified call violates with probability <= delta = 0.05;
