@@ -49,6 +49,7 @@ struct audit_flags {
   std::uint64_t seed = 1;
   std::string variant = "plain";
   std::vector<std::string> dtypes{"f16"};
+  std::size_t positions = 1;  // query positions per call (attend_positions)
   bool quiet = false;
 };
 
@@ -128,12 +129,19 @@ std::string compare(const certificate& fast, const float* fast_out, const refere
   return {};
 }
 
-/// Exact attention of every call of a setting, [steps][heads][group], computed once and
-/// shared by all configurations.
+/// The query of head g at position p of step s's call: step (s + p) mod steps's query, so
+/// that the positions of one call ask different questions (position 0 is step s's own).
+const float* position_query(const eval_data& e, std::size_t s, std::size_t p, std::size_t h, std::size_t g) {
+  return e.query((s + p) % e.steps, h, g);
+}
+
+/// Exact attention of every call of a setting, [steps][heads][positions][group] (position p
+/// over the first n - positions + p + 1 tokens), computed once and shared by all
+/// configurations.
 template <class Rows>
 std::vector<exact_summary> exact_calls(const eval_data& e, const Rows& rows, const layer_variant& lv,
-                                       thread_pool& pool) {
-  const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group;
+                                       std::size_t positions, thread_pool& pool) {
+  const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group, P = positions;
   const double scale = options{}.effective_softmax_scale(d);
   std::vector<std::vector<exact_summary>> per_item(e.steps * H);
   std::vector<exact_call> scratch(pool.size());
@@ -141,14 +149,18 @@ std::vector<exact_summary> exact_calls(const eval_data& e, const Rows& rows, con
     const std::size_t s = item / H, h = item % H;
     exact_call& x = scratch[wi];
     const attention_variant v = lv.head(h);
-    for (std::size_t g = 0; g < G; ++g) {
-      exact_attend(e.query(s, h, g), rows.key_rows(h), rows.value_rows(h), n, d, scale, x, head_variant_of(v, g, n));
-      if (s == 0 && g == 0) check_exact(e.query(s, h, g), rows, h, x, head_slice(v, g));
-      per_item[item].emplace_back(x);
+    for (std::size_t p = 0; p < P; ++p) {
+      const std::size_t n_p = n - P + 1 + p;
+      for (std::size_t g = 0; g < G; ++g) {
+        const float* q = position_query(e, s, p, h, g);
+        exact_attend(q, rows.key_rows(h), rows.value_rows(h), n_p, d, scale, x, head_variant_of(v, g, n_p));
+        if (s == 0 && g == 0 && n_p == n) check_exact(q, rows, h, x, head_slice(v, g));
+        per_item[item].emplace_back(x);
+      }
     }
   });
   std::vector<exact_summary> all;
-  all.reserve(e.calls());
+  all.reserve(e.calls() * positions);
   for (std::vector<exact_summary>& v : per_item)
     for (exact_summary& x : v) all.push_back(std::move(x));
   return all;
@@ -167,27 +179,29 @@ cache_format rows_format(const Rows& rows) {
 template <class Rows, class ViewOf>
 std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf view_of, const std::vector<config>& cfgs,
                                   const audit_flags& f, std::size_t check_every, thread_pool& pool, progress& prog) {
-  const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group, S = e.steps, calls = e.calls();
+  const std::size_t n = e.n, d = e.d, H = e.heads, G = e.group, S = e.steps, P = f.positions;
+  const std::size_t calls = e.calls() * P, PG = P * G;
   const std::size_t C = cfgs.size();
   std::vector<key_index> idx(H, key_index(d));
   pool.parallel_for(H, [&](std::size_t h, std::size_t) { idx[h].build(view_of(h)); });
   const layer_variant lv(parse_variant(f.variant), H, G, f.seed);
-  const std::vector<exact_summary> exact = exact_calls(e, cache, lv, pool);
+  const std::vector<exact_summary> exact = exact_calls(e, cache, lv, P, pool);
   std::vector<call_record> rec(C * calls);
   std::vector<std::string> first_disagreement(pool.size());
 
   struct worker {
-    std::vector<float> out;
+    std::vector<float> queries, out;
     std::vector<certificate> certs;
     std::vector<int> hints;
     std::unique_ptr<attend_workspace> ws;
   };
   std::vector<worker> workers(pool.size());
   for (worker& w : workers) {
-    w.out.resize(G * d);
-    w.certs.resize(G);
+    w.queries.resize(PG * d);
+    w.out.resize(PG * d);
+    w.certs.resize(PG);
     w.hints.resize(G);
-    w.ws = std::make_unique<attend_workspace>(G, d, n);
+    w.ws = std::make_unique<attend_workspace>(PG, d, n);
   }
 
   // One item per (KV head, configuration): its steps run in order, since each step's level
@@ -202,11 +216,19 @@ std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf 
       // Each configuration draws its own perturbations (layer = configuration).
       const noise_key nk{std::uint64_t(s), std::uint32_t(ci), std::uint32_t(h)};
       const std::span<const int> hints = s == 0 ? std::span<const int>() : std::span<const int>(w.hints);
-      attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, view_of(h), idx[h], nk, opt, w.out, w.certs,
-                   *w.ws, hints);
-      for (std::size_t g = 0; g < G; ++g) {
-        const std::size_t call = (s * H + h) * G + g;
-        const certificate& cert = w.certs[g];
+      if (P == 1) {
+        attend_group(std::span<const float>(e.query(s, h, 0), G * d), G, view_of(h), idx[h], nk, opt, w.out,
+                     w.certs, *w.ws, hints);
+      } else {
+        for (std::size_t p = 0; p < P; ++p)
+          std::copy_n(position_query(e, s, p, h, 0), G * d, w.queries.data() + p * G * d);
+        attend_positions(std::span<const float>(w.queries), P, G, view_of(h), idx[h], nk, opt, w.out, w.certs,
+                         *w.ws, hints);
+      }
+      for (std::size_t pg = 0; pg < PG; ++pg) {
+        const std::size_t p = pg / G, g = pg % G;
+        const std::size_t call = (s * H + h) * PG + pg;
+        const certificate& cert = w.certs[pg];
         const exact_summary& x = exact[call];
         call_record& r = rec[ci * calls + call];
         r.keys = float(cert.keys_read);
@@ -218,7 +240,7 @@ std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf 
         if (cfgs[ci].scale == error_scale::kDenominator)
           err = std::fabs(cert.denominator - d_at_c);
         else
-          err = distance(w.out.data() + g * d, x.o);
+          err = distance(w.out.data() + pg * d, x.o);
         if (cert.certified) {
           r.ratio = float(err / (cfgs[ci].eps * sv));
           r.bound = float(cert.bound / cfgs[ci].eps);
@@ -231,21 +253,28 @@ std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf 
           extras.reach_floor = idx[h].reach_floor();
           extras.level_hint = hints.empty() ? -1 : hints[g];
           head_opt.variant = head_slice(opt.variant, g);
-          const reference_result ref = reference_attend(std::span<const float>(e.query(s, h, g), d), cache.key_matrix(h),
-                                                        cache.value_matrix(h), head_opt, nk, extras);
+          noise_key nk_p = nk;
+          nk_p.position = std::uint32_t(p);
+          auto keys = cache.key_matrix(h), values = cache.value_matrix(h);
+          keys.rows = values.rows = n - P + 1 + p;  // position p's prefix
+          const reference_result ref =
+              reference_attend(std::span<const float>(position_query(e, s, p, h, g), d), keys, values, head_opt,
+                               nk_p, extras);
           r.checked = 1;
-          const std::string why = compare(cert, w.out.data() + g * d, ref, x.M);
+          const std::string why = compare(cert, w.out.data() + pg * d, ref, x.M);
           if (!why.empty()) {
             r.disagree = 1;
             if (first_disagreement[wi].empty())
-              first_disagreement[wi] = strf("%s step %zu head %zu query %zu, %s %s eps %g: ", e.name.c_str(), s, h, g,
+              first_disagreement[wi] = strf("%s step %zu head %zu position %zu query %zu, %s %s eps %g: ",
+                                            e.name.c_str(), s, h, p, g,
                                             std::string(to_string(cfgs[ci].certificate)).c_str(),
                                             std::string(to_string(cfgs[ci].scale)).c_str(), cfgs[ci].eps) + why;
           }
         }
       }
-      for (std::size_t g = 0; g < G; ++g) w.hints[g] = w.certs[g].level;  // the next step's hints
-      prog.advance(double(G * n));
+      // The next step's hints: the newest position's levels.
+      for (std::size_t g = 0; g < G; ++g) w.hints[g] = w.certs[(P - 1) * G + g].level;
+      prog.advance(double(PG * n));
     }
   });
   for (const std::string& m : first_disagreement)
@@ -333,6 +362,8 @@ void run_audit(audit_flags f) {
       }
   if (cfgs.empty()) throw error("--scale and --eps need at least one value each");
   if (!(f.alpha > 0 && f.alpha < 1)) throw error("--alpha must lie in (0, 1)");
+  if (f.positions == 0 || f.positions > 64) throw error("--positions must lie in [1, 64]");
+  const std::size_t P = f.positions;
   if (f.contexts.empty()) f.contexts = f.quick ? std::vector<std::string>{"8K"}
                                                : std::vector<std::string>{"16K", "32K", "64K", "128K"};
   if (f.regimes.empty())
@@ -354,13 +385,15 @@ void run_audit(audit_flags f) {
       for (const std::string& c : f.contexts) {
         plans.push_back({synthetic::regime_from_string(r), parse_count(c)});
         if (plans.back().n <= 64) throw error("--context: contexts must exceed the 64-token window");
-        total += double(steps * heads * f.group * cfgs.size() * f.dtypes.size() * plans.back().n);
+        if (plans.back().n <= 64 + P) throw error("--context: contexts must exceed the window plus --positions");
+        total += double(steps * heads * P * f.group * cfgs.size() * f.dtypes.size() * plans.back().n);
       }
     std::printf("audit: %s, variant %s, %zu settings (regime x context) x %zu certificates x %zu scales x %zu "
-                "epsilons, %zu calls per row (%zu steps x %zu KV heads x group %zu), delta %g, reference check on "
-                "every %zu%s call, %zu threads\n",
+                "epsilons, %zu calls per row (%zu steps x %zu KV heads x %zu positions x group %zu), delta %g, "
+                "reference check on every %zu%s call, %zu threads\n",
                 f.quick ? "quick" : "full", f.variant.c_str(), plans.size(), certificates.size(),
-                f.scales.size(), f.eps.size(), steps * heads * f.group, steps, heads, f.group, f.delta, check_every,
+                f.scales.size(), f.eps.size(), steps * heads * P * f.group, steps, heads, P, f.group, f.delta,
+                check_every,
                 check_every == 1 ? "st" : check_every == 2 ? "nd" : check_every == 3 ? "rd" : "th", pool.size());
   }
   std::fflush(stdout);
@@ -368,10 +401,11 @@ void run_audit(audit_flags f) {
   std::vector<audit_row> rows;
   if (!f.kv.empty()) {
     const eval_data e = npy_data(f.kv, f.queries, 0);
-    if (e.n <= 64) throw error(f.kv + ": the cache must hold more than the 64-token window");
-    std::printf("audit: %s, %zu KV heads x %zu tokens, %zu steps x group %zu = %zu calls per row, delta %g\n",
-                e.name.c_str(), e.heads, e.n, e.steps, e.group, e.calls(), f.delta);
-    progress prog("certattn-bench audit", double(e.calls() * cfgs.size() * f.dtypes.size() * e.n), !f.quiet);
+    if (e.n <= 64 + P) throw error(f.kv + ": the cache must hold more than the 64-token window plus --positions");
+    std::printf("audit: %s, %zu KV heads x %zu tokens, %zu steps x %zu positions x group %zu = %zu calls per row, "
+                "delta %g\n",
+                e.name.c_str(), e.heads, e.n, e.steps, P, e.group, e.calls() * P, f.delta);
+    progress prog("certattn-bench audit", double(e.calls() * P * cfgs.size() * f.dtypes.size() * e.n), !f.quiet);
     for (const std::string& t : f.dtypes) {
       const auto r = audit_setting(e, dtype_from_string(t), cfgs, f, check_every, pool, prog);
       rows.insert(rows.end(), r.begin(), r.end());
@@ -498,6 +532,10 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--threads", f->threads, "threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--kv", f->kv, "a KV cache as .npy, float16/float32 [2, kv_heads, n_tokens, head_dim]");
   cmd->add_option("--queries", f->queries, "its queries as .npy, float16/float32 [steps, kv_heads, group, head_dim]");
+  cmd->add_option("--positions", f->positions,
+                  "query positions per call (speculative verification: attend_positions(); position p asks step "
+                  "s + p's queries over the cache up to its own token)")
+      ->capture_default_str();
   cmd->add_option("--json", f->json, "also write the rows as JSON to this file");
   cmd->add_option("--csv", f->csv, "also write the rows as CSV to this file");
   cmd->add_option("--seed", f->seed, "seed of the synthetic data and the perturbations")->capture_default_str();
