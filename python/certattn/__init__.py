@@ -26,8 +26,49 @@ from . import _core
 __all__ = [
     "KeyIndex", "attend", "dense_attend", "exact_attention", "reference_attend", "audit",
     "AuditReport", "CERTIFICATE_DTYPE", "EXACT_DTYPE", "ANSWER_PATHS", "DEFAULT_COST", "path_names",
-    "active_isa",
+    "active_isa", "quantize", "BLOCK_Q8_0", "BLOCK_Q4_0", "FP8_E4M3", "FP8_E5M2",
 ]
+
+# --- quantized caches ----------------------------------------------------------------------
+#: ggml's block_q8_0 (llama.cpp's ``--cache-type-k q8_0``): an fp16 scale d and 32 int8
+#: codes, channel i = d * qs[i]. 34 bytes; a cache row holds head_dim / 32 blocks, so a
+#: cache array is [n, head_dim // 32] (or [kv_heads, n, head_dim // 32]) of this dtype.
+BLOCK_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
+#: ggml's block_q4_0: an fp16 scale d and 16 bytes of nibbles, channel i < 16 = d * (low
+#: nibble of qs[i] - 8), channel 16 + i = d * (its high nibble - 8). 18 bytes.
+BLOCK_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])
+#: fp8 codes as vLLM stores them (torch.float8_e4m3fn, float8_e5m2): one byte per channel,
+#: a cache array [n, head_dim] of this dtype; the layer's k_scale and v_scale are passed
+#: as ``kv_scales=(k_scale, v_scale)`` (default 1, 1). A uint8 array is viewed as one with
+#: ``u8.view(certattn.FP8_E4M3)`` (no copy); a torch float8 tensor is taken as it is.
+FP8_E4M3 = np.dtype([("e4m3", "u1")])
+FP8_E5M2 = np.dtype([("e5m2", "u1")])
+_FORMATS = {"q8_0": BLOCK_Q8_0, "q4_0": BLOCK_Q4_0, "fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
+
+
+def quantize(x, format: str, scale: float = 1.0) -> np.ndarray:
+    """x [..., head_dim] (float) stored in a quantized format: an array [..., head_dim // 32]
+    of BLOCK_Q8_0 or BLOCK_Q4_0 (ggml's quantize_row rounding), or [..., head_dim] of
+    FP8_E4M3 or FP8_E5M2 (round to nearest even of x / scale; e4m3 saturates). For tests
+    and for building a cache in the format an engine keeps."""
+    if format not in _FORMATS:
+        raise ValueError(f"format: expected one of {sorted(_FORMATS)}, got {format!r}")
+    xf = _queries(x, "x")
+    if xf.ndim < 1:
+        raise ValueError("x: expected [..., head_dim]")
+    raw = _core.quantize(xf, format, _real(scale, "scale"))
+    dt = _FORMATS[format]
+    return raw.view(dt).reshape(xf.shape[:-1] + (raw.shape[1] // dt.itemsize,))
+
+
+def _kv_scales(kv_scales) -> tuple[float, float]:
+    if kv_scales is None:
+        return (1.0, 1.0)
+    try:
+        ks, vs = kv_scales
+    except (TypeError, ValueError):
+        raise TypeError(f"kv_scales: expected (k_scale, v_scale), got {kv_scales!r}") from None
+    return (_real(ks, "kv_scales"), _real(vs, "kv_scales"))
 
 #: The record of one certificate (one query head): the fields of certattn::certificate
 #: (certified, exact, path, level, tau, bound, beta, scale_value, max_score, denominator,
@@ -71,7 +112,10 @@ def _cache(x: Any, name: str) -> np.ndarray:
             return t.view(torch.int16).numpy().view(np.uint16)
         if t.dtype in (torch.float16, torch.float32):
             return t.numpy()
-        raise TypeError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32)")
+        for fp8, dt in (("float8_e4m3fn", FP8_E4M3), ("float8_e5m2", FP8_E5M2)):  # torch >= 2.1
+            if getattr(torch, fp8, None) is not None and t.dtype == getattr(torch, fp8):
+                return t.view(torch.uint8).numpy().view(dt)
+        raise TypeError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32, float8)")
     raise TypeError(f"{name}: expected a numpy.ndarray or a torch.Tensor, got {type(x).__name__}")
 
 
@@ -200,7 +244,7 @@ def _variant(softcap, alibi_slopes, sinks, sliding_window, heads: int):
 
 def _group_queries(q: np.ndarray, k: np.ndarray, name: str = "q") -> tuple[np.ndarray, tuple[int, ...]]:
     """q as [kv_heads, group, d] for the cache k, and the shape the result takes."""
-    d = k.shape[-1]
+    d = k.shape[-1] * (32 if k.dtype in (BLOCK_Q8_0, BLOCK_Q4_0) else 1)  # a block holds 32 channels
     if q.shape[-1:] != (d,):
         raise ValueError(f"{name}: last dimension {q.shape[-1] if q.ndim else None} != head_dim {d}")
     if k.ndim == 2:  # one KV head: q [d] or [G, d]
@@ -268,17 +312,18 @@ class KeyIndex:
     such call and recreated when it changes; call ``reset_history()`` for a new sequence.
     """
 
-    def __init__(self, k, v, *, reserve: int = 0, threads: int = 1):
+    def __init__(self, k, v, *, reserve: int = 0, threads: int = 1, kv_scales=None):
         kc, vc = _cache(k, "k"), _cache(v, "v")
-        self._core = _core.KeyIndex(kc, vc, _count(reserve, "reserve"), _count(threads, "threads"))
+        self._core = _core.KeyIndex(kc, vc, _count(reserve, "reserve"), _count(threads, "threads"),
+                                    _kv_scales(kv_scales))
 
-    def append(self, k, v, *, threads: int = 1) -> None:
+    def append(self, k, v, *, threads: int = 1, kv_scales=None) -> None:
         """Index the tokens of k, v beyond len(self) (k, v hold all tokens so far)."""
-        self._core.append(_cache(k, "k"), _cache(v, "v"), _count(threads, "threads"))
+        self._core.append(_cache(k, "k"), _cache(v, "v"), _count(threads, "threads"), _kv_scales(kv_scales))
 
-    def truncate(self, k, v, n: int) -> None:
+    def truncate(self, k, v, n: int, *, kv_scales=None) -> None:
         """Keep the first n tokens (the index equals one built on them); k, v hold >= n tokens."""
-        self._core.truncate(_cache(k, "k"), _cache(v, "v"), _count(n, "n"))
+        self._core.truncate(_cache(k, "k"), _cache(v, "v"), _count(n, "n"), _kv_scales(kv_scales))
 
     def reserve(self, tokens: int) -> None:
         self._core.reserve(_count(tokens, "tokens"))
@@ -324,7 +369,7 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
            layer: int | None = None, kv_head: int = 0, sequence: int = 0, level_hints=None, history=None,
            routing: str = "auto", cost=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
            grid_top: int = 6, threads: int = 1, out=None, softcap=None, alibi_slopes=None, sinks=None,
-           sliding_window=None, positions: int = 1):
+           sliding_window=None, positions: int = 1, kv_scales=None):
     """Certified attention of one decoding step.
 
     One group: k, v [n, d] (one KV head), q [G, d] (or [d]); kv_head names the head in the
@@ -396,13 +441,14 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
     o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
                             _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
-                            use_history, out, _count(threads, "threads"), variant, positions)
+                            use_history, out, _count(threads, "threads"), variant, positions,
+                            _kv_scales(kv_scales))
     return (_like(_position_result(o, positions, shape[:-1] + o.shape[-1:]), q),
             _position_result(certs, positions, shape[:-1]))
 
 
 def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1, softcap=None, alibi_slopes=None,
-                 sinks=None, sliding_window=None, positions: int = 1):
+                 sinks=None, sliding_window=None, positions: int = 1, kv_scales=None):
     """Exact attention with the library's vectorised dense kernel (float32 accumulation), with
     the variant and ``positions`` arguments of attend() (several positions: causally, each
     over the tokens up to its own, dense_attend_positions)."""
@@ -410,18 +456,18 @@ def dense_attend(q, k, v, *, softmax_scale: float = 0.0, threads: int = 1, softc
     q3, shape = _position_queries(_queries(q), kc, positions)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1] // positions)
     o = _core.dense_attend(q3, kc, vc, _real(softmax_scale, "softmax_scale"), _count(threads, "threads"), variant,
-                           positions)
+                           positions, _kv_scales(kv_scales))
     return _like(_position_result(o, positions, shape[:-1] + o.shape[-1:]), q)
 
 
 def exact_attention(q, k, v, *, softmax_scale: float = 0.0, softcap=None, alibi_slopes=None, sinks=None,
-                    sliding_window=None):
+                    sliding_window=None, kv_scales=None):
     """Exact attention in double (the tests' truth), with the variant arguments of attend().
     Returns (out float64, info EXACT_DTYPE)."""
     kc, vc = _cache(k, "k"), _cache(v, "v")
     q3, shape = _group_queries(_queries(q), kc)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
-    o, info = _core.exact_attention(q3, kc, vc, _real(softmax_scale, "softmax_scale"), variant)
+    o, info = _core.exact_attention(q3, kc, vc, _real(softmax_scale, "softmax_scale"), variant, _kv_scales(kv_scales))
     return o.reshape(shape[:-1] + o.shape[-1:]), info.reshape(shape[:-1])
 
 
@@ -430,7 +476,7 @@ def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1
                      seed: int = 0, step: int = 0, layer: int = 0, kv_head: int = 0, sequence: int = 0,
                      level_hints=None, history=None, routing: str = "auto", cost=None, window: int = 64,
                      grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6, softcap=None, alibi_slopes=None,
-                     sinks=None, sliding_window=None):
+                     sinks=None, sliding_window=None, kv_scales=None):
     """The exact-score reference estimator (the C++ reference_attend_group per KV head, the
     test oracle): the same samples, routing decisions and certificates as attend() when
     given the same index (its value centre, cap and reach floor) and options, and either
@@ -450,7 +496,7 @@ def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1])
     o, certs = _core.reference_attend(q3, kc, vc, None if index is None else index._core, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
-                                      _count(sequence, "sequence"), hints, history, variant)
+                                      _count(sequence, "sequence"), hints, history, variant, _kv_scales(kv_scales))
     return o.reshape(shape[:-1] + o.shape[-1:]), certs.reshape(shape[:-1])
 
 

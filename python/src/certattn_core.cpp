@@ -8,6 +8,9 @@
 // float16, float32 or uint16 (the bits of bfloat16), whose last axis is contiguous; the
 // token and head strides are free (a head-major buffer sliced to its first n tokens, or a
 // token-major [n, kv_heads, d] buffer transposed to [kv_heads, n, d], are read in place).
+// A quantized cache is an array of the package's structured dtypes (certattn.BLOCK_Q8_0,
+// BLOCK_Q4_0: ggml's blocks, the last axis head_dim / 32 blocks; FP8_E4M3, FP8_E5M2: one
+// byte per channel, with the layer's k_scale, v_scale).
 #include <certattn/certattn.hpp>
 #include <certattn/reference.hpp>
 #include <certattn/exact.hpp>
@@ -32,32 +35,47 @@ using namespace certattn;
 
 namespace {
 
-enum class dtype_code { kHalf, kBfloat16, kFloat };
+enum class dtype_code { kHalf, kBfloat16, kFloat, kQ8_0, kQ4_0, kFp8E4M3, kFp8E5M2 };
 
 const char* dtype_name(dtype_code c) {
   switch (c) {
     case dtype_code::kHalf: return "float16";
     case dtype_code::kBfloat16: return "bfloat16";
     case dtype_code::kFloat: return "float32";
+    case dtype_code::kQ8_0: return "q8_0";
+    case dtype_code::kQ4_0: return "q4_0";
+    case dtype_code::kFp8E4M3: return "fp8_e4m3";
+    case dtype_code::kFp8E5M2: return "fp8_e5m2";
   }
   return "?";
 }
+
+/// Channels per array element: 32 for ggml's blocks, else 1.
+std::size_t channels_per_element(dtype_code c) {
+  return c == dtype_code::kQ8_0 || c == dtype_code::kQ4_0 ? 32 : 1;
+}
+bool is_fp8(dtype_code c) { return c == dtype_code::kFp8E4M3 || c == dtype_code::kFp8E5M2; }
 
 /// One cache argument (keys or values) seen in place: [heads][n][d] with element strides.
 struct cache_arg {
   const char* data = nullptr;
   dtype_code dtype = dtype_code::kFloat;
-  std::size_t item = 4, heads = 1, n = 0, d = 0;
-  std::size_t head_stride = 0, token_stride = 0;  // elements
+  std::size_t item = 4, heads = 1, n = 0, d = 0;  // d in channels
+  std::size_t head_stride = 0, token_stride = 0;  // elements (blocks for a block format)
   bool layer = false;                             // given as [kv_heads, n, d]
+  float scale = 1.0f;                             // an fp8 cache's k_scale or v_scale
 
   /// With v this cache's values (as many channels or fewer: v = k[..., :512] is the value
   /// of a latent cache, multi-head latent attention).
   template <class T>
   strided_kv<T> view_with(const cache_arg& v, std::size_t h) const {
-    return strided_kv<T>(reinterpret_cast<const T*>(data) + h * head_stride,
-                         reinterpret_cast<const T*>(v.data) + h * v.head_stride, n, d, token_stride,
-                         v.token_stride, v.d);
+    strided_kv<T> kv(reinterpret_cast<const T*>(data) + h * head_stride,
+                     reinterpret_cast<const T*>(v.data) + h * v.head_stride, n, d, token_stride,
+                     v.token_stride, v.d);
+    if constexpr (fp8_element<T>)
+      return kv.with_scales({scale, v.scale});
+    else
+      return kv;
   }
   template <class T>
   matrix_view<T> matrix(std::size_t h) const {
@@ -70,14 +88,34 @@ dtype_code dtype_of(const py::array& a, const char* name) {
   if (dt.kind() == 'f' && dt.itemsize() == 2) return dtype_code::kHalf;
   if (dt.kind() == 'f' && dt.itemsize() == 4) return dtype_code::kFloat;
   if (dt.kind() == 'u' && dt.itemsize() == 2) return dtype_code::kBfloat16;
+  if (dt.kind() == 'V' && py::hasattr(dt, "names") && !dt.attr("names").is_none()) {
+    // The package's structured dtypes, told apart by their fields and size.
+    const auto names = dt.attr("names").cast<std::vector<std::string>>();
+    const std::size_t size = std::size_t(dt.itemsize());
+    if (names == std::vector<std::string>{"d", "qs"} && size == sizeof(block_q8_0)) return dtype_code::kQ8_0;
+    if (names == std::vector<std::string>{"d", "qs"} && size == sizeof(block_q4_0)) return dtype_code::kQ4_0;
+    if (names == std::vector<std::string>{"e4m3"} && size == 1) return dtype_code::kFp8E4M3;
+    if (names == std::vector<std::string>{"e5m2"} && size == 1) return dtype_code::kFp8E5M2;
+  }
   throw py::type_error(std::string(name) + ": dtype " + py::str(py::handle(dt)).cast<std::string>() +
-                       " is not supported (float16, float32, or uint16 holding bfloat16 bits)");
+                       " is not supported (float16, float32, uint16 holding bfloat16 bits, or certattn.BLOCK_Q8_0, "
+                       "BLOCK_Q4_0, FP8_E4M3, FP8_E5M2)");
 }
 
-cache_arg cache_of(const py::array& a, const char* name) {
+/// (k_scale, v_scale) of an fp8 cache (vLLM's per-layer scales); (1, 1) for the others.
+using scales_arg = std::pair<float, float>;
+
+/// scale: the cache's fp8 scale (k_scale or v_scale); 1 for every other format.
+cache_arg cache_of(const py::array& a, const char* name, float scale = 1.0f) {
   cache_arg c;
   c.dtype = dtype_of(a, name);
   c.item = std::size_t(a.itemsize());
+  if (!(std::isfinite(scale) && scale > 0.0f))
+    throw py::value_error(std::string(name) + ": kv_scales must be finite and > 0, got " + std::to_string(scale));
+  if (scale != 1.0f && !is_fp8(c.dtype))
+    throw py::value_error(std::string(name) + ": kv_scales apply to fp8 caches only (this one is " +
+                          dtype_name(c.dtype) + ")");
+  c.scale = scale;
   if (a.ndim() != 2 && a.ndim() != 3)
     throw py::value_error(std::string(name) + ": expected [n_tokens, head_dim] or [kv_heads, n_tokens, head_dim], got " +
                           std::to_string(a.ndim()) + " dimensions");
@@ -85,7 +123,8 @@ cache_arg cache_of(const py::array& a, const char* name) {
   const int o = c.layer ? 1 : 0;
   c.heads = c.layer ? std::size_t(a.shape(0)) : 1;
   c.n = std::size_t(a.shape(o));
-  c.d = std::size_t(a.shape(o + 1));
+  const std::size_t units = std::size_t(a.shape(o + 1));  // elements per row
+  c.d = units * channels_per_element(c.dtype);
   if (c.heads == 0) throw py::value_error(std::string(name) + ": kv_heads is 0");
   if (c.n == 0) throw py::value_error(std::string(name) + ": the cache is empty (0 tokens)");
   if (c.d == 0) throw py::value_error(std::string(name) + ": head_dim is 0");
@@ -97,19 +136,22 @@ cache_arg cache_of(const py::array& a, const char* name) {
                             " bytes) is negative or not a multiple of the element size: pass a contiguous array");
     return std::size_t(s) / c.item;
   };
-  if (c.d > 1 && a.strides(o + 1) != py::ssize_t(c.item))
+  if (units > 1 && a.strides(o + 1) != py::ssize_t(c.item))
     throw py::value_error(std::string(name) +
                           ": the head_dim axis is not contiguous (each token's row must be contiguous; use "
                           "numpy.ascontiguousarray or tensor.contiguous())");
   c.token_stride = stride(o, c.n, "token");
-  if (c.n > 1 && c.token_stride < c.d)
+  if (c.n > 1 && c.token_stride < units)
     throw py::value_error(std::string(name) + ": token rows overlap (token stride < head_dim)");
-  if (c.n <= 1) c.token_stride = c.d;
+  if (c.n <= 1) c.token_stride = units;
   c.head_stride = c.layer ? stride(0, c.heads, "head") : 0;
-  if (c.heads > 1 && c.head_stride < c.d)
+  if (c.heads > 1 && c.head_stride < units)
     throw py::value_error(std::string(name) + ": head rows overlap (head stride < head_dim)");
   c.data = static_cast<const char*>(a.data());
-  if (reinterpret_cast<std::uintptr_t>(c.data) % c.item != 0)
+  // A block's fp16 scale is read as 2 bytes: blocks need 2-byte alignment, fp8 none.
+  const std::size_t align = c.dtype == dtype_code::kQ8_0 || c.dtype == dtype_code::kQ4_0 ? alignof(block_q8_0)
+                                                                                          : std::min<std::size_t>(c.item, 8);
+  if (reinterpret_cast<std::uintptr_t>(c.data) % align != 0)
     throw py::value_error(std::string(name) + ": the data is not aligned to its element size");
   return c;
 }
@@ -118,6 +160,8 @@ void check_pair(const cache_arg& k, const cache_arg& v) {
   if (k.dtype != v.dtype)
     throw py::type_error(std::string("k and v have different dtypes (") + dtype_name(k.dtype) + ", " +
                          dtype_name(v.dtype) + ")");
+  if (is_fp8(k.dtype) != is_fp8(v.dtype) || (!is_fp8(k.dtype) && (k.scale != 1.0f || v.scale != 1.0f)))
+    throw py::value_error("kv_scales apply to fp8 caches only");
   if (k.layer != v.layer || k.heads != v.heads || k.n != v.n || v.d > k.d)
     throw py::value_error("k and v have different shapes (kv_heads " + std::to_string(k.heads) + " vs " +
                           std::to_string(v.heads) + ", n_tokens " + std::to_string(k.n) + " vs " +
@@ -131,9 +175,26 @@ decltype(auto) dispatch(dtype_code c, F&& f) {
   switch (c) {
     case dtype_code::kHalf: return f(half{});
     case dtype_code::kBfloat16: return f(bfloat16{});
+    case dtype_code::kQ8_0: return f(block_q8_0{});
+    case dtype_code::kQ4_0: return f(block_q4_0{});
+    case dtype_code::kFp8E4M3: return f(fp8_e4m3{});
+    case dtype_code::kFp8E5M2: return f(fp8_e5m2{});
     case dtype_code::kFloat: break;
   }
   return f(float{});
+}
+
+/// f(keys, values): KV head h's rows as matrix_views, for exact attention and the
+/// reference: the cache in place, or a quantized cache's rows decoded (allocated).
+template <class T, class F>
+decltype(auto) with_matrices(const cache_arg& k, const cache_arg& v, std::size_t h, F&& f) {
+  if constexpr (quantized_element<T>) {
+    const auto kv = k.view_with<T>(v, h);
+    const dense_rows<decltype(kv)> rows(kv);
+    return f(rows.key_matrix(), rows.value_matrix());
+  } else {
+    return f(k.matrix<T>(h), v.matrix<T>(h));
+  }
 }
 
 /// Queries: float32, C-contiguous, [heads, group, d] (the Python side reshapes).
@@ -239,8 +300,9 @@ bool histories_fit(const std::vector<group_history>& h, std::size_t heads, std::
 /// serialised by its mutex; different indices run concurrently.
 class py_index {
  public:
-  py_index(const py::array& k, const py::array& v, std::size_t reserve, std::size_t threads) {
-    const cache_arg kc = cache_of(k, "k"), vc = cache_of(v, "v");
+  py_index(const py::array& k, const py::array& v, std::size_t reserve, std::size_t threads,
+           const scales_arg& kv_scales) {
+    const cache_arg kc = cache_of(k, "k", kv_scales.first), vc = cache_of(v, "v", kv_scales.second);
     check_pair(kc, vc);
     dtype_ = kc.dtype;
     layer_ = kc.layer;
@@ -273,8 +335,8 @@ class py_index {
     for (key_index& x : idx_) x.reserve(tokens);
   }
 
-  void append(const py::array& k, const py::array& v, std::size_t threads) {
-    const cache_arg kc = cache_of(k, "k"), vc = cache_of(v, "v");
+  void append(const py::array& k, const py::array& v, std::size_t threads, const scales_arg& kv_scales) {
+    const cache_arg kc = cache_of(k, "k", kv_scales.first), vc = cache_of(v, "v", kv_scales.second);
     check_pair(kc, vc);
     check_cache(kc);
     py::gil_scoped_release nogil;
@@ -288,8 +350,8 @@ class py_index {
     });
   }
 
-  void truncate(const py::array& k, const py::array& v, std::size_t n) {
-    const cache_arg kc = cache_of(k, "k"), vc = cache_of(v, "v");
+  void truncate(const py::array& k, const py::array& v, std::size_t n, const scales_arg& kv_scales) {
+    const cache_arg kc = cache_of(k, "k", kv_scales.first), vc = cache_of(v, "v", kv_scales.second);
     check_pair(kc, vc);
     check_cache(kc);
     py::gil_scoped_release nogil;
@@ -428,9 +490,10 @@ void check_positions(const query_arg& q, std::size_t positions) {
 py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, py_index& index,
                     const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
                     std::uint64_t sequence, const py::object& hints_in, bool use_history, const py::object& out_in,
-                    std::size_t threads, const py_variant* variant, std::size_t positions) {
+                    std::size_t threads, const py_variant* variant, std::size_t positions,
+                    const scales_arg& kv_scales) {
   const query_arg q = queries_of(q_in);
-  const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
+  const cache_arg k = cache_of(k_in, "k", kv_scales.first), v = cache_of(v_in, "v", kv_scales.second);
   check_pair(k, v);
   index.check_cache(k);
   check_positions(q, positions);
@@ -493,9 +556,10 @@ void check_softmax_scale(double softmax_scale) {
 }
 
 py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale,
-                            std::size_t threads, const py_variant* variant, std::size_t positions) {
+                            std::size_t threads, const py_variant* variant, std::size_t positions,
+                            const scales_arg& kv_scales) {
   const query_arg q = queries_of(q_in);
-  const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
+  const cache_arg k = cache_of(k_in, "k", kv_scales.first), v = cache_of(v_in, "v", kv_scales.second);
   check_pair(k, v);
   check_queries(q, k);
   check_positions(q, positions);
@@ -520,11 +584,49 @@ py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const 
                        variant_of(variant, h, G, q.heads));
       });
     });
-    for (std::size_t i = 0; i < q.heads * G * dv; ++i)
+    for (std::size_t i = 0; i < q.heads * PG * dv; ++i)
       if (!std::isfinite(o[i]))
         throw error("dense_attend: the output holds a NaN or Inf (a NaN or Inf in q, k or v, or scores beyond float)");
   }
   return out;
+}
+
+/// x [..., head_dim] (float32) stored in a quantized format, as the bytes of its rows
+/// [rows][row_bytes]: ggml's quantize_row rounding for q8_0 and q4_0, round-to-nearest-even
+/// codes of x / scale for fp8 (e4m3 saturating). The Python layer views them as the
+/// format's structured dtype.
+py::array_t<std::uint8_t> quantize_py(const py::array_t<float, py::array::c_style | py::array::forcecast>& x,
+                                      const std::string& format, float scale) {
+  if (x.ndim() < 1 || x.shape(x.ndim() - 1) == 0) throw py::value_error("x: expected [..., head_dim]");
+  const std::size_t d = std::size_t(x.shape(x.ndim() - 1)), rows = d == 0 ? 0 : std::size_t(x.size()) / d;
+  const cache_format f = format == "q8_0"       ? cache_format::q8_0
+                         : format == "q4_0"     ? cache_format::q4_0
+                         : format == "fp8_e4m3" ? cache_format::fp8_e4m3
+                         : format == "fp8_e5m2" ? cache_format::fp8_e5m2
+                                                : throw py::value_error("format: expected q8_0, q4_0, fp8_e4m3 or "
+                                                                        "fp8_e5m2, got '" + format + "'");
+  const auto run = [&]<class T>(T) {
+    check_row_channels<T>(d, "head_dim");
+    if constexpr (fp8_element<T>) check_cache_scale(scale, "scale");
+    const std::size_t row_bytes = format_traits<T>::row_bytes(d);
+    py::array_t<std::uint8_t> out({py::ssize_t(rows), py::ssize_t(row_bytes)});
+    const float* src = x.data();
+    std::uint8_t* dst = out.mutable_data();
+    for (std::size_t r = 0; r < rows; ++r) {
+      T* row = reinterpret_cast<T*>(dst + r * row_bytes);
+      if constexpr (fp8_element<T>)
+        quantize_row(src + r * d, d, scale, row);
+      else
+        quantize_row(src + r * d, d, row);
+    }
+    return out;
+  };
+  switch (f) {
+    case cache_format::q8_0: return run(block_q8_0{});
+    case cache_format::q4_0: return run(block_q4_0{});
+    case cache_format::fp8_e4m3: return run(fp8_e4m3{});
+    default: return run(fp8_e5m2{});
+  }
 }
 
 struct exact_record {
@@ -532,9 +634,9 @@ struct exact_record {
 };
 
 py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, double softmax_scale,
-                   const py_variant* variant) {
+                   const py_variant* variant, const scales_arg& kv_scales) {
   const query_arg q = queries_of(q_in);
-  const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
+  const cache_arg k = cache_of(k_in, "k", kv_scales.first), v = cache_of(v_in, "v", kv_scales.second);
   check_pair(k, v);
   check_queries(q, k);
   check_softmax_scale(softmax_scale);
@@ -545,16 +647,18 @@ py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array
   {
     py::gil_scoped_release nogil;
     for (std::size_t h = 0; h < q.heads; ++h)
-      for (std::size_t g = 0; g < q.group; ++g) {
-        const std::size_t row = h * q.group + g;
-        const exact_result x = dispatch(k.dtype, [&](auto t) {
-          using T = decltype(t);
-          return exact_attention(std::span<const float>(q.data + row * q.d, q.d), k.matrix<T>(h), v.matrix<T>(h),
-                                 softmax_scale, head_slice(variant_of(variant, h, q.group, q.heads), g));
+      dispatch(k.dtype, [&](auto t) {
+        with_matrices<decltype(t)>(k, v, h, [&](const auto& keys, const auto& values) {
+          for (std::size_t g = 0; g < q.group; ++g) {
+            const std::size_t row = h * q.group + g;
+            const exact_result x =
+                exact_attention(std::span<const float>(q.data + row * q.d, q.d), keys, values, softmax_scale,
+                                head_slice(variant_of(variant, h, q.group, q.heads), g));
+            std::copy(x.output.begin(), x.output.end(), o + row * v.d);
+            r[row] = {x.max_score, x.denominator, x.value_scale, x.output_norm};
+          }
         });
-        std::copy(x.output.begin(), x.output.end(), o + row * v.d);
-        r[row] = {x.max_score, x.denominator, x.value_scale, x.output_norm};
-      }
+      });
   }
   return py::make_tuple(out, info);
 }
@@ -577,9 +681,9 @@ reference_extras extras_of(const py_index* index, std::size_t h, int hint) {
 py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, const py_index* index,
                        const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
                        std::uint64_t sequence, const py::object& hints_in, const history_snapshot* history,
-                       const py_variant* variant) {
+                       const py_variant* variant, const scales_arg& kv_scales) {
   const query_arg q = queries_of(q_in);
-  const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
+  const cache_arg k = cache_of(k_in, "k", kv_scales.first), v = cache_of(v_in, "v", kv_scales.second);
   check_pair(k, v);
   if (index != nullptr) {
     index->check_cache(k);
@@ -625,9 +729,10 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
       options head_opt = opt;
       head_opt.variant = variant_of(variant, h, G, q.heads);
       const std::vector<reference_result> rs = dispatch(k.dtype, [&](auto t) {
-        using T = decltype(t);
-        return reference_attend_group(std::span<const float>(q.data + h * G * d, G * d), G, k.matrix<T>(h),
-                                      v.matrix<T>(h), head_opt, nk, ex, hint_span);
+        return with_matrices<decltype(t)>(k, v, h, [&](const auto& keys, const auto& values) {
+          return reference_attend_group(std::span<const float>(q.data + h * G * d, G * d), G, keys, values,
+                                        head_opt, nk, ex, hint_span);
+        });
       });
       for (std::size_t g = 0; g < G; ++g) {
         const std::size_t row = h * G + g;
@@ -715,8 +820,9 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
       const std::size_t s = item / H, h = item % H;
       for (std::size_t g = 0; g < G; ++g)
         exact[item * G + g] = dispatch(k.dtype, [&](auto t) {
-          using E = decltype(t);
-          return exact_attention(std::span<const float>(query(s, h, g), d), k.matrix<E>(h), v.matrix<E>(h));
+          return with_matrices<decltype(t)>(k, v, h, [&](const auto& keys, const auto& values) {
+            return exact_attention(std::span<const float>(query(s, h, g), d), keys, values);
+          });
         });
     });
     struct rec {
@@ -776,8 +882,9 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
               ex.value_cap = idx[h].value_cap();
               ex.reach_floor = idx[h].reach_floor();
               ex.level_hint = hints.empty() ? -1 : hints[g];
-              return reference_attend(std::span<const float>(query(s, h, g), d), k.matrix<E>(h), v.matrix<E>(h), opt,
-                                      nk, ex);
+              return with_matrices<E>(k, v, h, [&](const auto& keys, const auto& values) {
+                return reference_attend(std::span<const float>(query(s, h, g), d), keys, values, opt, nk, ex);
+              });
             });
             r.checked = 1;
             const std::string why = compare_reference(cert, out.data() + g * d, ref, x.value_scale);
@@ -944,10 +1051,13 @@ PYBIND11_MODULE(_core, m) {
       });
 
   py::class_<py_index>(m, "KeyIndex")
-      .def(py::init<const py::array&, const py::array&, std::size_t, std::size_t>(), py::arg("k"), py::arg("v"),
-           py::arg("reserve") = 0, py::arg("threads") = 1)
-      .def("append", &py_index::append, py::arg("k"), py::arg("v"), py::arg("threads") = 1)
-      .def("truncate", &py_index::truncate, py::arg("k"), py::arg("v"), py::arg("n"))
+      .def(py::init<const py::array&, const py::array&, std::size_t, std::size_t, const scales_arg&>(),
+           py::arg("k"), py::arg("v"), py::arg("reserve") = 0, py::arg("threads") = 1,
+           py::arg("kv_scales") = scales_arg{1.0f, 1.0f})
+      .def("append", &py_index::append, py::arg("k"), py::arg("v"), py::arg("threads") = 1,
+           py::arg("kv_scales") = scales_arg{1.0f, 1.0f})
+      .def("truncate", &py_index::truncate, py::arg("k"), py::arg("v"), py::arg("n"),
+           py::arg("kv_scales") = scales_arg{1.0f, 1.0f})
       .def("reserve", &py_index::reserve, py::arg("tokens"))
       .def("reset_history", &py_index::reset_history)
       .def("history_snapshot", &py_index::snapshot)
@@ -962,14 +1072,17 @@ PYBIND11_MODULE(_core, m) {
   m.def("attend", &attend_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"), py::arg("options"),
         py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"), py::arg("level_hints"),
         py::arg("history"), py::arg("out"), py::arg("threads"), py::arg("variant").none(true) = py::none(),
-        py::arg("positions") = 1);
+        py::arg("positions") = 1, py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
   m.def("dense_attend", &dense_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
-        py::arg("threads"), py::arg("variant").none(true) = py::none(), py::arg("positions") = 1);
+        py::arg("threads"), py::arg("variant").none(true) = py::none(), py::arg("positions") = 1,
+        py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
+  m.def("quantize", &quantize_py, py::arg("x"), py::arg("format"), py::arg("scale") = 1.0f);
   m.def("exact_attention", &exact_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
-        py::arg("variant").none(true) = py::none());
+        py::arg("variant").none(true) = py::none(), py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
   m.def("reference_attend", &reference_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
         py::arg("options"), py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"),
-        py::arg("level_hints"), py::arg("history").none(true), py::arg("variant").none(true) = py::none());
+        py::arg("level_hints"), py::arg("history").none(true), py::arg("variant").none(true) = py::none(),
+        py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
 
   py::class_<audit_counts>(m, "AuditCounts")
       .def_readonly("calls", &audit_counts::calls)

@@ -130,6 +130,45 @@ def test_positions_each_within_its_certificate():
         certattn.dense_attend(q, k, v, positions=0)
 
 
+@pytest.mark.parametrize("fmt,kv_scales", [("q8_0", None), ("q4_0", None), ("fp8_e4m3", (0.05, 0.04)),
+                                           ("fp8_e5m2", (1.0, 1.0))])
+def test_quantized_caches(fmt, kv_scales):
+    """A layer stored in llama.cpp's blocks or vLLM's fp8 (certattn.quantize), read in
+    place: the certified call equals the reference over the decoded cache (same samples),
+    each answer within its certificate of exact attention over the decoded cache (delta
+    1e-9 per head: 24 heads fail together with probability < 3e-8), and the dense kernel
+    agrees with exact attention."""
+    k, v, q = synthetic_cache(3000, 64, heads=2, seed=51, focus=2.0, groups=4, steps=1)
+    ks, vs = kv_scales or (1.0, 1.0)
+    kq = certattn.quantize(k, fmt, ks) if fmt.startswith("fp8") else certattn.quantize(k, fmt)
+    vq = certattn.quantize(v, fmt, vs) if fmt.startswith("fp8") else certattn.quantize(v, fmt)
+    assert kq.dtype == {"q8_0": certattn.BLOCK_Q8_0, "q4_0": certattn.BLOCK_Q4_0, "fp8_e4m3": certattn.FP8_E4M3,
+                        "fp8_e5m2": certattn.FP8_E5M2}[fmt]
+    assert kq.shape[:2] == (2, 3000)
+    index = certattn.KeyIndex(kq, vq, kv_scales=kv_scales)
+    assert index.dtype == fmt and index.head_dim == 64
+    out, certs = certattn.attend(q[0], kq, vq, index, delta=1e-9, seed=2, step=0, layer=0, history=False,
+                                 kv_scales=kv_scales)
+    ref, rcerts = certattn.reference_attend(q[0], kq, vq, index, delta=1e-9, seed=2, kv_scales=kv_scales)
+    assert same_certs(certs, rcerts)
+    exact, info = certattn.exact_attention(q[0], kq, vq, kv_scales=kv_scales)
+    norm = np.maximum(np.linalg.norm(ref, axis=-1), 1e-6)
+    assert (np.linalg.norm(out - ref, axis=-1) <= 1e-5 * norm).all()
+    err = np.linalg.norm(out - exact, axis=-1)
+    assert (certs["certified"] | certs["exact"]).all()
+    assert (err <= np.where(certs["exact"], 1e-5 * info["value_scale"], certs["beta"]) + 1e-6 * info["value_scale"]).all()
+    dense = certattn.dense_attend(q[0], kq, vq, kv_scales=kv_scales)
+    assert np.allclose(dense, exact, atol=1e-4 * info["value_scale"].max())
+    # The decoded cache is the float one up to the format's rounding.
+    tol = {"q8_0": 0.02, "q4_0": 0.3, "fp8_e4m3": 0.2, "fp8_e5m2": 0.4}[fmt]
+    assert np.abs(certattn.exact_attention(q[0], k, v)[0] - exact).max() < tol * info["value_scale"].max()
+    if kv_scales is not None and kv_scales != (1.0, 1.0):
+        with pytest.raises(Exception, match="scale"):
+            certattn.attend(q[0], kq, vq, index, step=1, layer=0, history=False)  # other scales than the index's
+    with pytest.raises(ValueError, match="kv_scales apply to fp8 caches only"):
+        certattn.dense_attend(q[0], k, v, kv_scales=(2.0, 1.0))
+
+
 def test_certificates_hold_on_synthetic_caches():
     """Three attention regimes x 3 error scales x 2 epsilons, 96 calls each (1728 calls).
     Under the guarantee each certified call violates with probability <= delta = 0.05;
