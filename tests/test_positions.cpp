@@ -280,6 +280,47 @@ TEST(Positions, OnePositionIsAttendGroup) {
   }
 }
 
+/// A sliding window shorter than the positions: each position attends its own few newest
+/// tokens only (no pool: exact answers), and the causal dense kernel's shared pass is empty.
+TEST(Positions, SlidingWindowShorterThanThePositions) {
+  const std::size_t n = 3000, d = 64, G = 2, Q = 6;
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kv_heads = 1;
+  cfg.seed = 21;
+  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
+  const strided_kv<half> kv = cache.strided(0);
+  const dense_rows<strided_kv<half>> rows(kv);
+  key_index idx(d);
+  idx.build(kv);
+  case_variant cv(G);
+  options opt;
+  opt.variant = cv.v;
+  opt.variant.sliding_window = 3;
+  const std::vector<float> q = synthetic::make_queries(src, 0, Q * G, 5);
+  std::vector<float> out(Q * G * d), dense(Q * G * d);
+  std::vector<certificate> certs(Q * G);
+  attend_workspace ws(Q * G, d, n);
+  attend_positions(std::span<const float>(q), Q, G, kv, idx, noise_key{1, 0, 0}, opt,
+                   std::span<float>(out), std::span<certificate>(certs), ws);
+  dense_workspace dws(Q * G, d);
+  dense_attend_positions(std::span<const float>(q), Q, G, kv, float(opt.effective_softmax_scale(d)),
+                         std::span<float>(dense), dws, opt.variant);
+  for (std::size_t p = 0; p < Q; ++p)
+    for (std::size_t g = 0; g < G; ++g) {
+      const exact_result ex = exact_at(q, p, g, Q, G, kv, rows, opt);
+      const std::size_t r = p * G + g;
+      EXPECT_TRUE(certs[r].exact) << "position " << p << " head " << g;
+      EXPECT_EQ(certs[r].keys_read, 3u);
+      for (std::size_t i = 0; i < d; ++i) {
+        ASSERT_NEAR(out[r * d + i], ex.output[i], 1e-5 * std::max(1.0, ex.value_scale)) << p << " " << g;
+        ASSERT_NEAR(dense[r * d + i], ex.output[i], 2e-5 * std::max(1.0, ex.value_scale)) << p << " " << g;
+      }
+    }
+}
+
 /// Speculative verification's loop: append k drafts, verify them in one call, keep the
 /// accepted ones and truncate the rest; the next call equals one on an index that never
 /// saw the rejected drafts (the prompt built, then only the kept tokens appended).
