@@ -518,8 +518,8 @@ int certattn_history_levels(const certattn_history* history, int32_t* levels, si
 // ---- calls
 
 namespace {
-/// certattn_attend_group() (positions == 0) and certattn_attend_positions().
-int attend_call(const char* fn, const float* queries, size_t positions, size_t group,
+/// certattn_attend_group() (several false: one position) and certattn_attend_positions().
+int attend_call(const char* fn, bool several, const float* queries, size_t positions, size_t group,
                 const certattn_cache* cache, const certattn_index* index,
                 const certattn_noise_key* key, const certattn_options* options, float* out,
                 certattn_certificate* certs, certattn_workspace* workspace,
@@ -539,13 +539,11 @@ int attend_call(const char* fn, const float* queries, size_t positions, size_t g
     nk.kv_head = key->kv_head;
     nk.sequence = key->sequence;
     with_cache(cache, [&](const auto& kv) {
-      const std::size_t d = kv.head_dim(), Q = std::max<std::size_t>(positions, 1);
-      if (positions > 0 && (positions > kv.size() || positions > workspace->certs.size()))
-        throw error("positions = " + std::to_string(positions) + " must lie in [1, min(cache.n_tokens = " +
-                    std::to_string(kv.size()) + ", the workspace's group = " +
-                    std::to_string(workspace->certs.size()) + ")]");
-      if (group == 0 || Q * group > workspace->certs.size())
-        throw error(std::string(positions > 0 ? "positions * group = " : "group = ") +
+      // positions 0 or beyond the cache: attend_positions() says so (Q bounded first: no
+      // overflow in Q * group).
+      const std::size_t d = kv.head_dim(), Q = positions;
+      if (group == 0 || Q > workspace->certs.size() || Q * group > workspace->certs.size())
+        throw error(std::string(several ? "positions * group = " : "group = ") +
                     std::to_string(Q * group) + " must lie in [1, " +
                     std::to_string(workspace->certs.size()) + "] (the workspace's group)");
       if (d != workspace->ws.head_dim())
@@ -554,9 +552,9 @@ int attend_call(const char* fn, const float* queries, size_t positions, size_t g
       const std::span<const float> q(queries, Q * group * d);
       const std::span<float> o(out, Q * group * certattn::value_dim_of(kv));
       const std::span<certattn::certificate> c(workspace->certs.data(), Q * group);
-      if (positions == 0 && history != nullptr)
+      if (!several && history != nullptr)
         certattn::attend_group(q, group, kv, index->idx, nk, opt, o, c, workspace->ws, history->h);
-      else if (positions == 0)
+      else if (!several)
         certattn::attend_group(q, group, kv, index->idx, nk, opt, o, c, workspace->ws);
       else if (history != nullptr)
         certattn::attend_positions(q, positions, group, kv, index->idx, nk, opt, o, c, workspace->ws,
@@ -574,7 +572,7 @@ int certattn_attend_group(const float* queries, size_t group, const certattn_cac
                           const certattn_options* options, float* out,
                           certattn_certificate* certs, certattn_workspace* workspace,
                           certattn_history* history) {
-  return attend_call("certattn_attend_group", queries, 0, group, cache, index, key, options, out, certs,
+  return attend_call("certattn_attend_group", false, queries, 1, group, cache, index, key, options, out, certs,
                      workspace, history);
 }
 
@@ -583,15 +581,14 @@ int certattn_attend_positions(const float* queries, size_t positions, size_t gro
                               const certattn_noise_key* key, const certattn_options* options,
                               float* out, certattn_certificate* certs,
                               certattn_workspace* workspace, certattn_history* history) {
-  if (positions == 0)
-    return guarded("certattn_attend_positions", [] { throw error("positions must be > 0"); });
-  return attend_call("certattn_attend_positions", queries, positions, group, cache, index, key, options,
+  return attend_call("certattn_attend_positions", true, queries, positions, group, cache, index, key, options,
                      out, certs, workspace, history);
 }
 
 namespace {
-/// certattn_dense_attend(_variant) (positions == 0) and certattn_dense_attend_positions().
-int dense_attend_call(const char* fn, const float* queries, size_t positions, size_t group,
+/// certattn_dense_attend(_variant) (several false: one position) and
+/// certattn_dense_attend_positions().
+int dense_attend_call(const char* fn, bool several, const float* queries, size_t positions, size_t group,
                       const certattn_cache* cache, float softmax_scale,
                       const certattn_variant* variant, float* out, certattn_workspace* workspace) {
   return guarded(fn, [&] {
@@ -599,13 +596,11 @@ int dense_attend_call(const char* fn, const float* queries, size_t positions, si
     require(out, "out");
     require(workspace, "workspace");
     with_cache(cache, [&](const auto& kv) {
-      const std::size_t d = kv.head_dim(), Q = std::max<std::size_t>(positions, 1);
+      // positions 0 or beyond the cache: dense_attend_positions() says so (Q bounded first).
+      const std::size_t d = kv.head_dim(), Q = positions;
       if (kv.size() == 0) throw error("cache.n_tokens: the cache is empty");
-      if (positions > kv.size())
-        throw error("positions = " + std::to_string(positions) + " exceeds cache.n_tokens = " +
-                    std::to_string(kv.size()));
-      if (group == 0 || Q * group > workspace->dense.group())
-        throw error(std::string(positions > 0 ? "positions * group = " : "group = ") +
+      if (group == 0 || Q > workspace->dense.group() || Q * group > workspace->dense.group())
+        throw error(std::string(several ? "positions * group = " : "group = ") +
                     std::to_string(Q * group) + " must lie in [1, " +
                     std::to_string(workspace->dense.group()) + "] (the workspace's group)");
       if (d != workspace->dense.head_dim())
@@ -617,7 +612,7 @@ int dense_attend_call(const char* fn, const float* queries, size_t positions, si
           variant != nullptr ? to_cpp(*variant, group) : certattn::attention_variant{};
       const std::span<const float> q(queries, Q * group * d);
       const std::span<float> o(out, Q * group * certattn::value_dim_of(kv));
-      if (positions > 0)
+      if (several)
         certattn::dense_attend_positions(q, positions, group, kv, softmax_scale, o, workspace->dense, v);
       else
         certattn::dense_attend(q, group, kv, softmax_scale, o, workspace->dense, 0, SIZE_MAX, v);
@@ -628,14 +623,14 @@ int dense_attend_call(const char* fn, const float* queries, size_t positions, si
 
 int certattn_dense_attend(const float* queries, size_t group, const certattn_cache* cache,
                           float softmax_scale, float* out, certattn_workspace* workspace) {
-  return dense_attend_call("certattn_dense_attend", queries, 0, group, cache, softmax_scale, nullptr, out,
+  return dense_attend_call("certattn_dense_attend", false, queries, 1, group, cache, softmax_scale, nullptr, out,
                            workspace);
 }
 
 int certattn_dense_attend_variant(const float* queries, size_t group, const certattn_cache* cache,
                                   float softmax_scale, const certattn_variant* variant, float* out,
                                   certattn_workspace* workspace) {
-  return dense_attend_call("certattn_dense_attend_variant", queries, 0, group, cache, softmax_scale, variant,
+  return dense_attend_call("certattn_dense_attend_variant", false, queries, 1, group, cache, softmax_scale, variant,
                            out, workspace);
 }
 
@@ -643,9 +638,7 @@ int certattn_dense_attend_positions(const float* queries, size_t positions, size
                                     const certattn_cache* cache, float softmax_scale,
                                     const certattn_variant* variant, float* out,
                                     certattn_workspace* workspace) {
-  if (positions == 0)
-    return guarded("certattn_dense_attend_positions", [] { throw error("positions must be > 0"); });
-  return dense_attend_call("certattn_dense_attend_positions", queries, positions, group, cache,
+  return dense_attend_call("certattn_dense_attend_positions", true, queries, positions, group, cache,
                            softmax_scale, variant, out, workspace);
 }
 

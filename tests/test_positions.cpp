@@ -61,6 +61,17 @@ struct case_variant {
   }
 };
 
+/// The synthetic cache of one KV head (the default regime) the single-shape tests use.
+synthetic::kv_cache one_head_source(std::size_t n, std::size_t d,
+                                    std::uint64_t seed = synthetic::cache_config{}.seed) {
+  synthetic::cache_config cfg;
+  cfg.n_tokens = n;
+  cfg.head_dim = d;
+  cfg.kv_heads = 1;
+  cfg.seed = seed;
+  return synthetic::make_cache(cfg);
+}
+
 /// Exact attention of head g of position p: over the cache's first n - Q + p + 1 rows.
 template <class View>
 exact_result exact_at(const std::vector<float>& q, std::size_t p, std::size_t g, std::size_t Q,
@@ -242,12 +253,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 /// One position is attend_group() bit for bit (noise_key::position 0 leaves its stream).
 TEST(Positions, OnePositionIsAttendGroup) {
-  synthetic::cache_config cfg;
-  cfg.n_tokens = 5000;
-  cfg.head_dim = 128;
-  cfg.kv_heads = 1;
-  cfg.seed = 3;
-  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const synthetic::kv_cache src = one_head_source(5000, 128, 3);
   const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
   const auto kv = cache.strided(0);
   key_index idx(128);
@@ -284,12 +290,7 @@ TEST(Positions, OnePositionIsAttendGroup) {
 /// tokens only (no pool: exact answers), and the causal dense kernel's shared pass is empty.
 TEST(Positions, SlidingWindowShorterThanThePositions) {
   const std::size_t n = 3000, d = 64, G = 2, Q = 6;
-  synthetic::cache_config cfg;
-  cfg.n_tokens = n;
-  cfg.head_dim = d;
-  cfg.kv_heads = 1;
-  cfg.seed = 21;
-  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const synthetic::kv_cache src = one_head_source(n, d, 21);
   const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
   const strided_kv<half> kv = cache.strided(0);
   const dense_rows<strided_kv<half>> rows(kv);
@@ -326,12 +327,7 @@ TEST(Positions, SlidingWindowShorterThanThePositions) {
 /// saw the rejected drafts (the prompt built, then only the kept tokens appended).
 TEST(Positions, TruncateAfterPartialAcceptance) {
   const std::size_t n = 6000, d = 64, G = 4, Q = 4;
-  synthetic::cache_config cfg;
-  cfg.n_tokens = n;
-  cfg.head_dim = d;
-  cfg.kv_heads = 1;
-  cfg.seed = 12;
-  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const synthetic::kv_cache src = one_head_source(n, d, 12);
   const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
   const auto kv = cache.strided(0);
   const std::size_t prompt = 5000;
@@ -387,11 +383,7 @@ std::string message_of(auto&& f) {
 }
 
 TEST(PositionsBadInput, ErrorsNameTheArgument) {
-  synthetic::cache_config cfg;
-  cfg.n_tokens = 600;
-  cfg.head_dim = 32;
-  cfg.kv_heads = 1;
-  const synthetic::kv_cache src = synthetic::make_cache(cfg);
+  const synthetic::kv_cache src = one_head_source(600, 32);
   const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
   const auto kv = cache.strided(0);
   key_index idx(32);
