@@ -65,7 +65,7 @@ void scan(benchmark::State& state) {
     h = h + 1 == heads ? 0 : h + 1;
   }
   certattn::set_isa_cap(isa::kAvx512Vnni);
-  const double bytes = double(blocks) * double(fx.idx[0].block_code4_bytes() + 3 * dp * sizeof(float) +
+  const double bytes = double(blocks) * double(fx.idx[0].block_code4_bytes() + key_index::kScaleRows * dp * sizeof(float) +
                                                key_index::kBlockTokens);
   const double iters = double(state.iterations());
   state.counters["GB/s"] = benchmark::Counter(bytes * iters, benchmark::Counter::kIsRate);

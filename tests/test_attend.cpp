@@ -316,13 +316,13 @@ TEST(RefineKernels, BatchedDotMatchesSingleCandidateBits) {
   auto next = [&state] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL; };
   for (std::size_t dp : {8u, 16u, 64u, 72u, 128u, 136u, 256u}) {
     std::vector<std::vector<float>> a(16, std::vector<float>(dp));
-    std::vector<std::vector<std::uint8_t>> code(16, std::vector<std::uint8_t>(dp));
+    std::vector<std::vector<std::uint8_t>> code(16, std::vector<std::uint8_t>(dp / 2));
     for (int k = 0; k < 16; ++k)
       for (std::size_t i = 0; i < dp; ++i) {
         // Magnitudes spread over 2^-20..2^20 so that the summation order shows in the bits.
         const double mag = std::ldexp(1.0, int(next() >> 59) - 16 + int(next() >> 61));
         a[std::size_t(k)][i] = float((double(next() >> 11) * 0x1p-53 - 0.5) * mag);
-        code[std::size_t(k)][i] = std::uint8_t(next() >> 56);
+        if (i % 2 == 0) code[std::size_t(k)][i / 2] = std::uint8_t(next() >> 56);
       }
     for (std::size_t m : {1u, 5u, 16u}) {
       const float* ap[16];

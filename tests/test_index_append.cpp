@@ -40,9 +40,9 @@ void expect_same_codes(const key_index& a, const key_index& b) {
   const std::size_t dp = a.padded_dim(), bt = key_index::kBlockTokens;
   for (std::size_t blk = 0; blk < a.blocks(); ++blk) {
     ASSERT_EQ(std::memcmp(a.block_codes4(blk), b.block_codes4(blk), a.block_code4_bytes()), 0) << blk;
-    ASSERT_EQ(std::memcmp(a.block_lo(blk), b.block_lo(blk), 3 * dp * sizeof(float)), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.block_lo(blk), b.block_lo(blk), key_index::kScaleRows * dp * sizeof(float)), 0) << blk;
     ASSERT_EQ(std::memcmp(a.block_rho(blk), b.block_rho(blk), bt), 0) << blk;
-    ASSERT_EQ(std::memcmp(a.codes8(blk * bt), b.codes8(blk * bt), bt * dp), 0) << blk;
+    ASSERT_EQ(std::memcmp(a.codes8_low(blk * bt), b.codes8_low(blk * bt), bt * a.low8_bytes()), 0) << blk;
   }
 }
 

@@ -292,10 +292,10 @@ TEST(VariantBounds, SoftcapAndBiasBoundsHoldAndAgreeAcrossKernels) {
       hv.slope = double(float(slope));
       hv.newest = double(n - 1);
       std::vector<float> a = u, s = u, bm_a(8, 0.0f), bm_s(8, 0.0f);
-      detail::apply_bound_variant_scalar(s.data(), t0, n, b, bm_s.data());
+      detail::apply_bound_variant_scalar(u.data(), s.data(), t0, n, b, bm_s.data());
 #if CERTATTN_X86
       if (detected_isa() == isa::kAvx512Vnni) {
-        detail::apply_bound_variant_avx512(a.data(), t0, n, b, bm_a.data());
+        detail::apply_bound_variant_avx512(u.data(), a.data(), t0, n, b, bm_a.data());
         ASSERT_EQ(std::memcmp(a.data(), s.data(), n * sizeof(float)), 0) << cap << " " << slope;
         ASSERT_EQ(std::memcmp(bm_a.data(), bm_s.data(), bm_s.size() * sizeof(float)), 0);
       }

@@ -383,13 +383,17 @@ struct attend_stages : row_access {
     r.block_stride = ws.block_stride_;
     r.qa = ws.qa_.data();
     r.prep = ws.prep_.data();
+    r.residual = ws.residual_.data();
+    r.residual_stride = ws.block_stride_;
     scan_score_bounds(r, cx.kernels.which);
   }
 
   /// This call's bounds made its own: no bound before the sliding window, the variant's
-  /// transform, none for the exact set.
+  /// transform (into bounds_of(), leaving the scan's own for the refinement), none for the
+  /// exact set.
   static void finish_bounds(const call_context& cx, attend_workspace& ws) noexcept {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
+    ws.variant_bounds_ = cx.modified();
     for (std::size_t g = 0; g < cx.group; ++g) {
       float* u = bounds_of(cx, ws, g);
       // Tokens of the first block before the sliding window never attend.
@@ -397,8 +401,9 @@ struct attend_stages : row_access {
       // The variant's scores: the same transform on the bounds, rounded up.
       if (cx.modified()) {
         const head_variant hv = cx.head(g);
-        apply_bound_variant(u, cx.first, cx.pool_end, make_bound_variant(hv.cap, hv.slope, cx.n),
-                            block_max_of(cx, ws, g), cx.kernels.which);
+        apply_bound_variant(scan_bounds_of(cx, ws, g), u, cx.first, cx.pool_end,
+                            make_bound_variant(hv.cap, hv.slope, cx.n), block_max_of(cx, ws, g),
+                            cx.kernels.which);
       }
       // The exact set is read exactly: no head takes it as a candidate.
       for (std::uint32_t t : cx.xs) u[t] = ninf;
@@ -567,13 +572,13 @@ struct attend_stages : row_access {
     certify_exact_answer(r, output_norm(o, d), cert.denominator, cx.user, cert);
   }
 
-  /// Cache lines of head st.g's scattered rows (group_stats::scattered_lines): its 8-bit
-  /// code rows, its prepared blocks' offset and 8-bit step rows, and its pool key and
-  /// value rows.
+  /// Cache lines of head st.g's scattered rows (group_stats::scattered_lines): its
+  /// refinement rows (the 8-bit codes' low nibbles), its prepared blocks' 4-bit step rows,
+  /// and its pool key and value rows.
   static std::size_t scattered_lines(const head_state& st, const call_context& cx) noexcept {
     auto lines = [](std::size_t bytes) { return (bytes + 63) / 64; };
     const std::size_t fixed = cx.fixed_rows();
-    return st.refined * lines(cx.dp) + st.refine_blocks * 2 * lines(cx.dp * sizeof(float)) +
+    return st.refined * lines(cx.dp / 2) + st.refine_blocks * lines(cx.dp * sizeof(float)) +
            (st.keys_read - fixed) * lines(cx.key_bytes) +
            (st.values_read - fixed) * lines(cx.value_bytes);
   }
@@ -586,7 +591,7 @@ struct attend_stages : row_access {
                           attend_workspace& ws) noexcept {
     group_stats& stats = ws.stats_;
     const std::size_t g = st.g, exact_rows = cx.fixed_rows();  // rows shared by the group
-    cert.bytes_read = st.refined * cx.dp + (st.keys_read - exact_rows) * cx.key_bytes +
+    cert.bytes_read = st.refined * (cx.dp / 2) + (st.keys_read - exact_rows) * cx.key_bytes +
                       (st.values_read - exact_rows) * cx.value_bytes;
     stats.refined += st.refined;
     stats.refine_blocks += st.refine_blocks;
@@ -779,7 +784,8 @@ struct attend_stages : row_access {
     const std::size_t F = cx.fixed_rows(), row_bytes = cx.key_bytes + cx.value_bytes;
     const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
     const std::size_t shared =
-        (count_shared ? blocks * (idx.block_code4_bytes() + 3 * cx.dp * sizeof(float)) + F * row_bytes
+        (count_shared ? blocks * (idx.block_code4_bytes() + key_index::kScaleRows * cx.dp * sizeof(float)) +
+                            F * row_bytes
                       : 0) +
         exact_pass_bytes;
     stats.keys_read += F;

@@ -37,8 +37,8 @@ struct attend_kernels {
   std::size_t (*find_candidates)(const float* u, const float* e, std::size_t n,
                                  const candidate_params& p, std::uint32_t* idx,
                                  std::uint8_t* lvl) noexcept = nullptr;
-  float (*prepare_refine_block)(const float* q, const float* lo, const float* st,
-                                std::size_t padded_dim, float* a) noexcept = nullptr;
+  float (*prepare_refine_block)(const float* q, const float* st4, std::size_t padded_dim,
+                                float* a8) noexcept = nullptr;
 };
 
 inline attend_kernels select_attend_kernels(isa which) noexcept {
@@ -132,9 +132,19 @@ struct row_access {
     return value_row(kv, t, cx.decoded + 8 * cx.d);
   }
 
-  /// Head g's rows of the scan's arrays: its 4-bit bounds, block maxima, padded query.
+  /// Head g's rows of the scan's arrays: its 4-bit bounds as candidates are chosen from
+  /// (the variant's when it modifies scores), the scan's own, its block maxima.
   static float* bounds_of(const call_context& cx, attend_workspace& ws, std::size_t g) noexcept {
+    return (cx.modified() ? ws.variant_u_.data() : ws.u_.data()) + (cx.head0 + g) * ws.u_stride_;
+  }
+  static float* scan_bounds_of(const call_context& cx, attend_workspace& ws,
+                               std::size_t g) noexcept {
     return ws.u_.data() + (cx.head0 + g) * ws.u_stride_;
+  }
+  static const residual_coefficients* residual_of(const call_context& cx,
+                                                  const attend_workspace& ws,
+                                                  std::size_t g) noexcept {
+    return ws.residual_.data() + (cx.head0 + g) * ws.block_stride_;
   }
   static float* block_max_of(const call_context& cx, attend_workspace& ws, std::size_t g) noexcept {
     return ws.block_max_.data() + (cx.head0 + g) * ws.block_stride_;

@@ -1,6 +1,6 @@
-// The key index of one (layer, KV head): 4-bit key codes laid out for VNNI, 8-bit codes
-// for refinement, per-block per-channel scales, and the value-norm bounds the certificate
-// needs. Built once after prefill, appended one token per decoding step. Read-only during
+// The key index of one (layer, KV head): 4-bit key codes laid out for VNNI, the low
+// nibbles of nested 8-bit codes for refinement, per-block per-channel scales, and the
+// value-norm bounds the certificate needs. Built once after prefill, appended one token per decoding step. Read-only during
 // certified calls, so calls on several query heads may share it concurrently.
 #pragma once
 
@@ -26,8 +26,14 @@
 
 namespace certattn {
 
-/// Codes: per block of kBlockTokens tokens and per channel, an offset lo and steps st4, st8
-/// with k = lo + st (q + f), f in [0, 1], for the code q (4-bit: 0..15, 8-bit: 0..255).
+/// Codes: per block of kBlockTokens tokens and per channel, an offset lo and a step st4;
+/// with st8 = st4 / 16 (exact), k = lo + st (q + f), f in [0, 1], for the code q (4-bit:
+/// 0..15, 8-bit: 0..255). The codes are nested: the 4-bit code is the 8-bit code's high
+/// nibble (q8 = 16 q4 + low), so the index stores the 4-bit codes for the scan and only
+/// the low nibbles for refinement, token-major (padded_dim / 2 bytes: one 64-byte line per
+/// token at head_dim 128; byte j holds channel 2j in its low nibble, 2j + 1 in its high).
+/// A refinement adds the low nibbles' dot to the scan's own bound of the high nibbles'
+/// (docs/fast-path.md, "Nested 8-bit codes").
 /// 4-bit layout (for _mm512_dpbusd_epi32, FBGEMM's ROW_INTERLEAVE 4): a block is 8 groups
 /// of 16 tokens; a group holds, per channel octet o, 64 bytes: byte 4*lane + j =
 /// code[token lane][8o + j] | code[token lane][8o + 4 + j] << 4. One 64-byte load thus
@@ -76,9 +82,9 @@ class key_index {
   void reserve(std::size_t tokens) {
     const std::size_t nb = (tokens + kBlockTokens - 1) / kBlockTokens;
     codes4_.reserve(nb * block_code4_bytes());
-    codes8_.reserve(nb * kBlockTokens * dp_);
+    low8_.reserve(nb * kBlockTokens * dp_ / 2);
     rho_.reserve(nb * kBlockTokens);
-    scales_.reserve(nb * 3 * dp_);
+    scales_.reserve(nb * kScaleRows * dp_);
     dist_.reserve(nb * kBlockTokens);
     offset_up_.reserve(nb * kBlockTokens);
     block_prefix_max_.reserve(nb);
@@ -90,7 +96,8 @@ class key_index {
     for (auto* v : {&row_, &mins_, &maxs_, &check_}) v->reserve(d_);
     inv4_.reserve(dp_);
     inv8_.reserve(dp_);
-    q4_.reserve(dp_);
+    s8_.reserve(dp_);
+    q8_.reserve(dp_);
     acc_.reserve(dv_);
     center_.reserve(dv_);
   }
@@ -107,7 +114,7 @@ class key_index {
     for (std::size_t t = 0; t < n; ++t) kmax = std::max(kmax, check_row(kv, t));
     n_ = 0;
     codes4_.clear();
-    codes8_.clear();
+    low8_.clear();
     rho_.clear();
     scales_.clear();
     max_abs_key_ = kmax;
@@ -234,16 +241,26 @@ class key_index {
   const std::uint8_t* block_codes4(std::size_t b) const noexcept {
     return codes4_.data() + b * block_code4_bytes();
   }
-  const float* block_lo(std::size_t b) const noexcept { return scales_.data() + b * 3 * dp_; }
+  /// Rows of per-channel scales per block: the offset lo and the 4-bit step st4 (the
+  /// 8-bit step is st4 / 16).
+  static constexpr std::size_t kScaleRows = 2;
+  const float* block_lo(std::size_t b) const noexcept { return scales_.data() + b * kScaleRows * dp_; }
   const float* block_step4(std::size_t b) const noexcept { return block_lo(b) + dp_; }
-  const float* block_step8(std::size_t b) const noexcept { return block_lo(b) + 2 * dp_; }
   /// Per-token residual norms ||f - 1/2|| of the 4-bit codes, in bytes of
   /// detail::rho_step(padded_dim) rounded up (the Cauchy-Schwarz term of the scan).
   const std::uint8_t* block_rho(std::size_t b) const noexcept {
     return rho_.data() + b * kBlockTokens;
   }
-  const std::uint8_t* codes8(std::size_t token) const noexcept {
-    return codes8_.data() + token * dp_;
+  /// Bytes of a token's refinement row: the low nibbles of its 8-bit codes.
+  std::size_t low8_bytes() const noexcept { return dp_ / 2; }
+  /// Token t's refinement row (low nibbles of the 8-bit codes, two channels per byte).
+  const std::uint8_t* codes8_low(std::size_t token) const noexcept {
+    return low8_.data() + token * low8_bytes();
+  }
+  /// The 8-bit code of (token, channel): 16 code4 + its low nibble (for tests).
+  unsigned code8(std::size_t token, std::size_t ch) const noexcept {
+    const std::uint8_t byte = codes8_low(token)[ch / 2];
+    return code4(token, ch) * 16u + ((ch & 1) ? (byte >> 4) : (byte & 0xF));
   }
   /// The 4-bit code of (token, channel), decoded from the interleaved layout (for tests).
   unsigned code4(std::size_t token, std::size_t ch) const noexcept {
@@ -290,7 +307,7 @@ class key_index {
 
   /// Bytes held by the index (capacity excluded).
   std::size_t memory_bytes() const noexcept {
-    return codes4_.size() + codes8_.size() + rho_.size() +
+    return codes4_.size() + low8_.size() + rho_.size() +
            sizeof(float) * (scales_.size() + dist_.size() + offset_up_.size() +
                             block_prefix_max_.size() + block_prefix_max_all_.size() +
                             center_.size()) +
@@ -355,9 +372,9 @@ class key_index {
 
   void resize_blocks(std::size_t nb) {
     codes4_.resize(nb * block_code4_bytes(), 0);
-    codes8_.resize(nb * kBlockTokens * dp_, 0);
+    low8_.resize(nb * kBlockTokens * low8_bytes(), 0);
     rho_.resize(nb * kBlockTokens, 0);
-    scales_.resize(nb * 3 * dp_, 0.0f);
+    scales_.resize(nb * kScaleRows * dp_, 0.0f);
     block_prefix_max_.resize(nb, 0.0f);
     block_prefix_max_all_.resize(nb, 0.0f);
   }
@@ -383,65 +400,64 @@ class key_index {
     detail::key_to_float(kv, t, out);
   }
 
+  /// Within block b's 4-bit range [lo, lo + 15 st4] in every channel (the 8-bit codes
+  /// reach lo + 255 st8 = lo + 15.9375 st4 beyond it).
   bool fits_block(const float* x, std::size_t b) const noexcept {
     const float* lo = block_lo(b);
     const float* s4 = block_step4(b);
-    const float* s8 = block_step8(b);
     for (std::size_t i = 0; i < d_; ++i) {
       const double v = double(x[i]);
-      if (v < double(lo[i]) || v > double(lo[i]) + 15.0 * double(s4[i]) ||
-          v > double(lo[i]) + 255.0 * double(s8[i]))
-        return false;
+      if (v < double(lo[i]) || v > double(lo[i]) + 15.0 * double(s4[i])) return false;
     }
     return true;
   }
 
-  /// Reciprocal steps of block b, for the quantisation guesses of encode_token (padded
-  /// channels: 0, like their steps).
+  /// Block b's 8-bit steps st8 = st4 / 16 and the reciprocal steps, for the quantisation
+  /// guesses of encode_token (padded channels: 0, like their steps).
   void prepare_block_inverse(std::size_t b) {
     const float* s4 = block_step4(b);
-    const float* s8 = block_step8(b);
     inv4_.assign(dp_, 0.0);
     inv8_.assign(dp_, 0.0);
+    s8_.assign(dp_, 0.0f);
     for (std::size_t i = 0; i < d_; ++i) {
+      s8_[i] = detail::step8_of(s4[i]);
       inv4_[i] = s4[i] > 0.0f ? 1.0 / double(s4[i]) : 0.0;
-      inv8_[i] = s8[i] > 0.0f ? 1.0 / double(s8[i]) : 0.0;
+      inv8_[i] = s8_[i] > 0.0f ? 1.0 / double(s8_[i]) : 0.0;
     }
     inverse_block_ = b;
   }
 
-  /// Quantises token tb of block b (its key row x) into its 8-bit row, its nibbles of the
-  /// 4-bit layout and its residual-norm byte. The AVX-512 path computes the same bits as
-  /// the scalar loop (arch/avx512/encode_kernels.hpp); both sum the residual's squares in
-  /// 8 lanes (channel i in lane i mod 8) and add the lanes in one fixed order.
+  /// Quantises token tb of block b (its key row x) into its 8-bit codes (the low nibbles
+  /// into its refinement row, the high nibbles, its 4-bit codes, into the scan's layout)
+  /// and its residual-norm byte. The AVX-512 path computes the same bits as the scalar
+  /// loop (arch/avx512/encode_kernels.hpp); both sum the residual's squares in 8 lanes
+  /// (channel i in lane i mod 8) and add the lanes in one fixed order. The 4-bit code
+  /// q8 / 16 is the code quantize() gives with st4 (lo + st4 (q8 / 16) <= lo + st8 q8 <= k
+  /// and k <= lo + st8 (q8 + 1) <= lo + st4 (q8 / 16 + 1), every product by a power of two
+  /// exact): nesting leaves the scan's codes and bounds as they were.
   void encode_token(const float* x, std::size_t b, std::size_t tb) {
     if (inverse_block_ != b) prepare_block_inverse(b);
     const float* lo = block_lo(b);
-    const float* s4 = block_step4(b);
-    const float* s8 = block_step8(b);
-    std::uint8_t* c8 = codes8_.data() + (b * kBlockTokens + tb) * dp_;
-    q4_.resize(dp_);
+    q8_.resize(dp_);
     double lanes[8] = {};
     bool done = false;
 #if CERTATTN_X86
     if (active_isa() == isa::kAvx512Vnni)
-      done = detail::quantize_row_avx512(x, d_, dp_, lo, s4, s8, inv4_.data(), inv8_.data(),
-                                         c8, q4_.data(), lanes);
+      done = detail::quantize_row_avx512(x, d_, dp_, lo, s8_.data(), inv4_.data(), inv8_.data(),
+                                         q8_.data(), lanes);
 #endif
     if (!done) {
       std::fill(lanes, lanes + 8, 0.0);
       for (std::size_t i = 0; i < dp_; ++i) {
         if (i >= d_) {  // padding: code 0
-          c8[i] = 0;
-          q4_[i] = 0;
+          q8_[i] = 0;
           continue;
         }
         const double v = double(x[i]), l = double(lo[i]);
-        c8[i] = std::uint8_t(quantize(v, l, s8[i], inv8_[i], 255));
-        const unsigned q4 = quantize(v, l, s4[i], inv4_[i], 15);
-        q4_[i] = std::uint8_t(q4);
-        if (s4[i] > 0.0f) {  // f in [0, 1] with x = lo + st (q4 + f); a constant channel adds 0
-          const double f = (v - l) * inv4_[i] - double(q4);
+        const unsigned q8 = quantize(v, l, s8_[i], inv8_[i], 255);
+        q8_[i] = std::uint8_t(q8);
+        if (s8_[i] > 0.0f) {  // f in [0, 1] with x = lo + st4 (q4 + f); a constant channel adds 0
+          const double f = (v - l) * inv4_[i] - double(q8 >> 4);
           lanes[i % 8] += (f - 0.5) * (f - 0.5);
         }
       }
@@ -452,9 +468,13 @@ class key_index {
     const std::size_t g = tb / kGroupTokens, lane = tb % kGroupTokens;
     for (std::size_t o = 0; o < dp_ / 8; ++o) {
       std::uint8_t* dst = c4 + (g * (dp_ / 8) + o) * 64 + lane * 4;
-      const std::uint8_t* q = q4_.data() + 8 * o;
-      for (std::size_t j = 0; j < 4; ++j) dst[j] = std::uint8_t(q[j] | q[j + 4] << 4);
+      const std::uint8_t* q = q8_.data() + 8 * o;
+      for (std::size_t j = 0; j < 4; ++j) dst[j] = std::uint8_t((q[j] >> 4) | (q[j + 4] & 0xF0));
     }
+    // The refinement row: the low nibbles, channels 2j and 2j + 1 in byte j.
+    std::uint8_t* low = low8_.data() + (b * kBlockTokens + tb) * low8_bytes();
+    for (std::size_t j = 0; j < dp_ / 2; ++j)
+      low[j] = std::uint8_t((q8_[2 * j] & 0xF) | (q8_[2 * j + 1] & 0xF) << 4);
     const double rho2 = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
                         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     // Rounded up with a margin far above the rounding of f (reciprocal and products:
@@ -494,10 +514,9 @@ class key_index {
                                                      double(std::numeric_limits<float>::max()))));
       }
     }
-    float* lo = scales_.data() + b * 3 * dp_;
+    float* lo = scales_.data() + b * kScaleRows * dp_;
     float* s4 = lo + dp_;
-    float* s8 = lo + 2 * dp_;
-    for (std::size_t i = 0; i < dp_; ++i) lo[i] = s4[i] = s8[i] = 0.0f;
+    for (std::size_t i = 0; i < dp_; ++i) lo[i] = s4[i] = 0.0f;
     for (std::size_t i = 0; i < d_; ++i) {
       double mn = mins_[i], mx = maxs_[i];
       if (headroom) {
@@ -509,12 +528,11 @@ class key_index {
       lo[i] = float(mn);
       if (double(lo[i]) > mn) lo[i] = std::nextafter(lo[i], -std::numeric_limits<float>::infinity());
       const double range = mx - double(lo[i]);
-      s4[i] = round_up_to_float(range / 15.0);
-      s8[i] = round_up_to_float(range / 255.0);
+      s4[i] = detail::nestable_step4(round_up_to_float(range / 15.0));
     }
     inverse_block_ = std::size_t(-1);
     std::memset(codes4_.data() + b * block_code4_bytes(), 0, block_code4_bytes());
-    std::memset(codes8_.data() + t0 * dp_, 0, kBlockTokens * dp_);
+    std::memset(low8_.data() + t0 * low8_bytes(), 0, kBlockTokens * low8_bytes());
     for (std::size_t t = t0; t < t1; ++t) encode_token(rows_.data() + (t - t0) * d_, b, t - t0);
   }
 
@@ -595,13 +613,14 @@ class key_index {
   // Scratch of the encoder (not part of the index's state).
   std::vector<float> rows_, row_, mins_, maxs_, check_, sort_;
   std::vector<double> inv4_, inv8_, acc_;
-  std::vector<std::uint8_t> q4_;  // one row's 4-bit codes, one per byte
+  std::vector<float> s8_;         // the block's 8-bit steps st4 / 16
+  std::vector<std::uint8_t> q8_;  // one row's 8-bit codes, one per byte
   std::size_t inverse_block_ = std::size_t(-1);
   // The arrays calls read (on huge pages: see memory.hpp).
   large_vector<std::uint8_t> codes4_;     // [blocks][groups][octets][64]
-  large_vector<std::uint8_t> codes8_;     // [tokens (block-padded)][padded_dim]
+  large_vector<std::uint8_t> low8_;       // [tokens (block-padded)][padded_dim / 2] low nibbles
   large_vector<std::uint8_t> rho_;        // [tokens (block-padded)] residual norm bytes
-  large_vector<float> scales_;            // [blocks][lo, st4, st8][padded_dim]
+  large_vector<float> scales_;            // [blocks][lo, st4][padded_dim]
   large_vector<float> dist_;              // [tokens (block-padded)] ||v_t - g|| rounded up
   large_vector<float> offset_up_;         // [tokens (block-padded)] ln(rho_t / rho_bar), up
   std::vector<float> block_prefix_max_;   // [blocks] max of dist_ <= cap_ over blocks 0..b

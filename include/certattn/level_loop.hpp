@@ -103,7 +103,8 @@ struct head_loop : row_access {
   const key_index& idx;
   const float* q;     // the head's query
   const float* qpad;  // the query padded to a multiple of 8 channels (the 8-bit stage's)
-  const float* u;     // the head's 4-bit score bounds, per pool token (the scan's)
+  const float* u;     // the head's 4-bit score bounds, per pool token (the scan's own)
+  const residual_coefficients* residual;  // per block, the scan's residual terms
   const double c;     // the weights' reference c + shift (ws.head_c_)
   const call_context& cx;
   attend_workspace& ws;
@@ -112,7 +113,8 @@ struct head_loop : row_access {
   head_loop(const KV& kv, const key_index& idx, const float* q, const call_context& cx,
             attend_workspace& ws, head_state& st) noexcept
       : kv(kv), idx(idx), q(q), qpad(ws.qpad_.data() + (cx.head0 + st.g) * cx.dp),
-        u(ws.u_.data() + (cx.head0 + st.g) * ws.u_stride_), c(ws.head_c_[st.g]), cx(cx), ws(ws), st(st) {}
+        u(scan_bounds_of(cx, ws, st.g)), residual(residual_of(cx, ws, st.g)), c(ws.head_c_[st.g]),
+        cx(cx), ws(ws), st(st) {}
 
   /// Levels from the coarsest, each one's new keys, then the certificate; true when a
   /// level certified (o and cert filled), false when the head goes to the exact pass
@@ -216,7 +218,7 @@ struct head_loop : row_access {
     p.max_level = last;
     // From the first token that attends (indices relative to it, shifted back below).
     const std::size_t t0 = cx.first;
-    const std::size_t m = cx.kernels.find_candidates(u + t0, ws.e_up_.data() + t0, cx.pool_end - t0,
+    const std::size_t m = cx.kernels.find_candidates(bounds_of(cx, ws, st.g) + t0, ws.e_up_.data() + t0, cx.pool_end - t0,
                                                      p, ws.cand_idx_.data(), ws.cand_lvl_.data());
     // Counting sort by level (stable: tokens stay in order within a level).
     const std::size_t J = std::size_t(opt.max_levels);
@@ -242,13 +244,12 @@ struct head_loop : row_access {
   }
 
   /// This head's 8-bit preparation of block b (see arch/refine_kernels.hpp), made on
-  /// first use: a = q st8 (returned) and the offset C8 + margin.
+  /// first use: a8 = q st8 (returned) and the constant C8.
   const float* refine_block(std::size_t b) noexcept {
     const std::size_t dp = idx.padded_dim();
     float* a = ws.refine_a_.data() + b * dp;
     if (!ws.refine_ready_[b]) {
-      ws.refine_offset_[b] =
-          cx.kernels.prepare_refine_block(qpad, idx.block_lo(b), idx.block_step8(b), dp, a);
+      ws.refine_offset_[b] = cx.kernels.prepare_refine_block(qpad, idx.block_step4(b), dp, a);
       ws.refine_ready_[b] = 1;
       ++st.refine_blocks;
     }
@@ -364,18 +365,16 @@ struct head_loop : row_access {
       for (std::uint32_t k = 0; k < m; ++k) {
         if (i + k + kPrefetchAhead < b_end) {
           const std::uint32_t ahead = ws.bucket_[i + k + kPrefetchAhead];
-          prefetch_rows(idx.codes8(ahead), dp);
+          prefetch_rows(idx.codes8_low(ahead), idx.low8_bytes());
           const std::size_t ab = ahead / key_index::kBlockTokens;
-          if (!ws.refine_ready_[ab]) {  // its block's scales, read by the preparation
-            prefetch_rows(idx.block_lo(ab), dp * sizeof(float));
-            prefetch_rows(idx.block_step8(ab), dp * sizeof(float));
-          }
+          if (!ws.refine_ready_[ab])  // its block's steps, read by the preparation
+            prefetch_rows(idx.block_step4(ab), dp * sizeof(float));
         }
         const std::uint32_t t = ws.bucket_[i + k];
         const std::size_t b = t / key_index::kBlockTokens;
         a[k] = refine_block(b);
         offset[k] = ws.refine_offset_[b];
-        codes[k] = idx.codes8(t);
+        codes[k] = idx.codes8_low(t);
       }
       for (std::uint32_t k = m; k < kBatch; ++k) {
         a[k] = a[0];
@@ -384,7 +383,9 @@ struct head_loop : row_access {
       refine_dots(a, codes, m, dp, dot, which);
       for (std::uint32_t k = 0; k < m; ++k) {
         const std::uint32_t t = ws.bucket_[i + k];
-        double u8 = cx.scale * (double(offset[k]) + double(dot[k]));
+        const std::size_t b = t / key_index::kBlockTokens;
+        double u8 = scan_integer_part(u[t], residual[b], idx.block_rho(b)[t % key_index::kBlockTokens]) +
+                    cx.scale * (double(offset[k]) + double(dot[k]));
         if (cx.modified()) u8 = st.hv.score(u8, t);  // increasing: still a bound
         if (refine_candidate(t, u8, level)) {
           prefetch_rows_l2(kv.key(t), cx.key_bytes);

@@ -39,6 +39,11 @@ struct scan_request {
   float* block_max = nullptr;      // [nq][block_stride] out: max u over a block's pool tokens
   std::size_t block_stride = 0;
   std::int8_t* qa = nullptr;       // [scan_query_bytes(nq, padded_dim)] scratch (int8 queries)
+  // [nq][residual_stride] out, optional: per block scanned, the pair (holder, norm) of each
+  // query's residual term min(holder, norm * rho byte), which the nested 8-bit refinement
+  // takes off a token's u (detail::scan_integer_part()).
+  detail::residual_coefficients* residual = nullptr;
+  std::size_t residual_stride = 0;
   detail::block_query_prep* prep = nullptr;  // [nq] scratch
 };
 
@@ -69,6 +74,9 @@ inline void prefetch_block_scales(const key_index& idx, std::size_t b) noexcept 
       PREP(lo, st, r.queries, dp, r.nq, r.qa, r.prep);                                      \
       if (b + 1 < nb) prefetch_block_scales(idx, b + 1);                                    \
       FINISH(r.prep, r.nq, k, MAXIMA(lo, st, dp));                                          \
+      if (r.residual)                                                                       \
+        for (std::size_t g = 0; g < r.nq; ++g)                                              \
+          r.residual[g * r.residual_stride + b] = {r.prep[g].holder, r.prep[g].norm};       \
       const std::size_t t0 = b * key_index::kBlockTokens;                                   \
       KERNEL(idx.block_codes4(b), idx.block_rho(b), dp, r.qa, r.prep, r.nq, r.u + t0,        \
              r.u_stride, std::min(r.pool_end - t0, key_index::kBlockTokens),                \

@@ -41,9 +41,10 @@ struct group_stats {
   std::size_t dense_bytes = 0;       // what dense attention reads: K and V once
   std::size_t bound_violations = 0;  // a key exact-scored above its bound: must stay 0
   std::size_t refine_blocks = 0;     // sum over heads of 8-bit block preparations (each reads
-                                     // the block's offset and 8-bit step rows)
-  // Cache lines of the rows read at places no stream predicts: 8-bit code rows, the
-  // prepared blocks' scale rows, and the exact key and value rows of the pool (not the
+                                     // the block's 4-bit step row)
+  // Cache lines of the rows read at places no stream predicts: refinement rows (the 8-bit
+  // codes' low nibbles), the prepared blocks' step rows, and the exact key and value rows of
+  // the pool (not the
   // window's, the exact set's or the exact pass's, which are read in order).
   std::size_t scattered_lines = 0;
   // Seconds per stage (window, scan, max score, candidates, level loop, fallback), filled
@@ -133,7 +134,9 @@ class attend_workspace {
     block_stride_ = blocks;
     qpad_.assign(group * dp_, 0.0f);
     u_.assign(group * u_stride_ + 16, 0.0f);
+    variant_u_.assign(group * u_stride_ + 16, 0.0f);
     block_max_.assign(group * blocks + 1, 0.0f);
+    residual_.assign(group * blocks + 1, {});
     qa_.assign(detail::query_plane_bytes(group, dp_), 0);  // the int8 queries' two planes
     prep_.assign(group, {});
     // [group][window + exact set]: the exact set can hold any number of tokens (values
@@ -195,7 +198,8 @@ class attend_workspace {
   /// upper bounds E_up (value-aware offsets included), over its pool tokens; valid until
   /// the next call, and meaningless after a routed one (group_stats::routed).
   std::span<const float> last_score_bounds(std::size_t g) const noexcept {
-    return g < group_ ? std::span<const float>(u_.data() + g * u_stride_, stats_.pool)
+    const float* u = variant_bounds_ ? variant_u_.data() : u_.data();
+    return g < group_ ? std::span<const float>(u + g * u_stride_, stats_.pool)
                       : std::span<const float>();
   }
   std::span<const float> last_perturbation_bounds() const noexcept {
@@ -234,7 +238,10 @@ class attend_workspace {
   // Per-token arrays (large_vector: on huge pages, memory.hpp): the level loop reads
   // them at the candidates' random positions.
   std::vector<float> qpad_, block_max_;
-  large_vector<float> u_;
+  large_vector<float> u_;          // [group][u_stride] the scan's bounds
+  large_vector<float> variant_u_;  // [group][u_stride] the variant's (when it modifies scores)
+  bool variant_bounds_ = false;    // the last call's candidates came from variant_u_
+  std::vector<detail::residual_coefficients> residual_;  // [group][blocks] the scan's
   std::vector<std::int8_t> qa_;
   std::vector<detail::block_query_prep> prep_;
   std::size_t fixed_stride_ = 0;
@@ -255,7 +262,7 @@ class attend_workspace {
   large_vector<std::uint32_t> to_score_;  // this level's keys to read exactly
   large_vector<float> e_up_;              // [pool] upper bounds on the perturbations
   std::vector<float> refine_a_;           // [blocks][padded_dim] q * st8 of this head
-  std::vector<float> refine_offset_;      // [blocks] C8 + margin of this head
+  std::vector<float> refine_offset_;      // [blocks] the nested refinement's constant
   std::vector<std::uint8_t> refine_ready_;  // [blocks] prepared for this head
   large_vector<admitted> to_include_;     // this level's keys whose values enter the sums
   std::vector<std::int32_t> pending_head_, transition_head_;

@@ -248,54 +248,58 @@ inline void accumulate_centered_row(const T* v, std::size_t d, double w, const d
   *sc_out = tree8(lc);
 }
 
-/// sum a code in 16 float lanes with fused multiply-adds: refine_dot_scalar()'s bits
-/// (padded_dim a multiple of 8). Needs portable_has_fma.
-inline float refine_dot(const float* a, const std::uint8_t* code, std::size_t padded_dim) noexcept {
+/// sum a8 low in 16 float lanes with fused multiply-adds: refine_dot_scalar()'s bits
+/// (padded_dim a multiple of 8; low: two channels' low nibbles per byte). Needs
+/// portable_has_fma.
+inline float refine_dot(const float* a8, const std::uint8_t* low, std::size_t padded_dim) noexcept {
   batch_f acc[16 / nf];
   for (auto& x : acc) x = batch_f(0.0f);
   std::size_t o = 0;
   for (; o + 16 <= padded_dim; o += 16)
     for (std::size_t j = 0; j < 16 / nf; ++j) {
-      const std::uint8_t* cj = code + o + j * nf;
-      const batch_f cb = make_batch<batch_f>([cj](std::size_t i) { return float(cj[i]); });
-      acc[j] = xsimd::fma(batch_f::load_unaligned(a + o + j * nf), cb, acc[j]);
+      const std::size_t c0 = o + j * nf;
+      const batch_f cb = make_batch<batch_f>(
+          [low, c0](std::size_t i) { return float((low[(c0 + i) / 2] >> (4 * ((c0 + i) & 1))) & 0xF); });
+      acc[j] = xsimd::fma(batch_f::load_unaligned(a8 + c0), cb, acc[j]);
     }
   alignas(64) float l[16];
   for (std::size_t j = 0; j < 16 / nf; ++j) acc[j].store_aligned(l + j * nf);
-  for (std::size_t i = 0; o + i < padded_dim; ++i) l[i] = std::fma(a[o + i], float(code[o + i]), l[i]);
+  for (std::size_t i = 0; o + i < padded_dim; ++i)
+    l[i] = std::fma(a8[o + i], float((low[(o + i) / 2] >> (4 * ((o + i) & 1))) & 0xF), l[i]);
   return tree16(l);
 }
 
-/// prepare_refine_block()'s sums: a = q st (float), and per lane (channel mod 8)
-/// c += q lo + max(a, 0), |a|, |q lo| in double. Every product added is exact in double.
-inline void prepare_refine_sums(const float* q, const float* lo, const float* st,
-                                std::size_t padded_dim, float* a, double* c_out,
-                                double* abs_a_out, double* abs_ql_out) noexcept {
-  lanes8 c, abs_a, abs_ql;
-  const batch_d zero(0.0);
+/// prepare_refine_block()'s sums: a8 = q st8 (float, st8 = st4 / 16), and per lane
+/// (channel mod 8) c += max(a8, 0) - a / 2 (a = q st4, float), |a|, |a8| in double.
+inline void prepare_refine_sums(const float* q, const float* st4, std::size_t padded_dim,
+                                float* a8, double* c_out, double* abs_a_out,
+                                double* abs_a8_out) noexcept {
+  lanes8 c, abs_a, abs_a8;
+  const batch_d zero(0.0), half(0.5);
   std::size_t o = 0;
   for (; o + 8 <= padded_dim; o += 8) {
     for (std::size_t j = 0; j < 8 / nd; ++j) {
       const std::size_t i0 = o + j * nd;
-      const batch_d ab = make_batch<batch_d>([&](std::size_t i) {
-        a[i0 + i] = q[i0 + i] * st[i0 + i];  // float: inside the margin
-        return double(a[i0 + i]);
+      const batch_d ab = make_batch<batch_d>([&](std::size_t i) { return double(q[i0 + i] * st4[i0 + i]); });
+      const batch_d a8b = make_batch<batch_d>([&](std::size_t i) {
+        a8[i0 + i] = q[i0 + i] * (st4[i0 + i] * 0.0625f);  // float: inside the margin
+        return double(a8[i0 + i]);
       });
-      const batch_d ql = load_as_double(q + i0) * load_as_double(lo + i0);
-      c.v[j] = c.v[j] + (ql + xsimd::max(ab, zero));
+      c.v[j] = c.v[j] + (xsimd::max(a8b, zero) - half * ab);
       abs_a.v[j] = abs_a.v[j] + xsimd::abs(ab);
-      abs_ql.v[j] = abs_ql.v[j] + xsimd::abs(ql);
+      abs_a8.v[j] = abs_a8.v[j] + xsimd::abs(a8b);
     }
   }
   c.store(c_out);
   abs_a.store(abs_a_out);
-  abs_ql.store(abs_ql_out);
+  abs_a8.store(abs_a8_out);
   for (std::size_t i = 0; o + i < padded_dim; ++i) {
-    a[o + i] = q[o + i] * st[o + i];
-    const double ql = double(q[o + i]) * double(lo[o + i]);
-    c_out[i] += ql + (double(a[o + i]) > 0.0 ? double(a[o + i]) : 0.0);
-    abs_a_out[i] += std::fabs(double(a[o + i]));
-    abs_ql_out[i] += std::fabs(ql);
+    const float a = q[o + i] * st4[o + i];
+    a8[o + i] = q[o + i] * (st4[o + i] * 0.0625f);
+    const double a8d = double(a8[o + i]);
+    c_out[i] += (a8d > 0.0 ? a8d : 0.0) - 0.5 * double(a);
+    abs_a_out[i] += std::fabs(double(a));
+    abs_a8_out[i] += std::fabs(a8d);
   }
 }
 

@@ -1,13 +1,20 @@
-// The 8-bit refinement bound of one candidate: with k = lo + st8 (code + f), f in [0, 1],
-//   q.k <= C8 + sum a code,  a = q st8,  C8 = sum q lo + sum max(a, 0).
-// a and C8 depend only on the block and the query, so they are prepared once per block
-// that has candidates (prepare_refine_block), and a candidate costs one dot of its 8-bit
-// codes with a. The dot runs in float in 16 fixed lanes (channel mod 16) with explicit
-// fmas and one reduction tree, so the AVX-512 kernel, the AVX2 kernel (two 8-lane halves)
-// and the scalar twin give the same bits. Rounding: each lane chain performs at most
-// d / 16 fmas and the tree 4 additions, each erring by at most 2^-24 of a partial sum
-// bounded by 256 sum |a|; C8 is summed in double and rounded up. The margin
-// (d + 64) 2^-23 * 256 sum |a| covers them with a factor of two to spare.
+// The 8-bit refinement bound of one candidate, from nested codes (index.hpp): with
+// st8 = st4 / 16, k = lo + st4 (code4 + f4) = lo + st8 (16 code4 + low + f8), so
+//   s = scale (sum q lo + sum A code4) + scale sum A8 (low + f8),    A = q st4, A8 = A / 16,
+// and the scan has already bounded the first part: its u = fl(r + t) with
+// r >= scale (sum q lo + sum A code4 + sum a / 2), a = fl(q st4) (arch/scan_prep.hpp;
+// scan_integer_part() recovers r from u). So, with a8 = fl(q st8),
+//   s <= r + scale (C8 + sum a8 low),    C8 = sum max(a8, 0) - sum a / 2 + margin.
+// a8 and C8 depend only on the block and the query, so they are prepared once per block
+// that has candidates (prepare_refine_block), and a candidate costs one 64-byte row of low
+// nibbles (at head_dim 128) and one dot of them with a8. The dot runs in float in 16 fixed
+// lanes (channel mod 16) with explicit fmas and one reduction tree, so the AVX-512 kernel,
+// the AVX2 kernel (two 8-lane halves), the portable one and the scalar twin give the same
+// bits. Rounding: each lane chain performs at most d / 16 fmas and the tree 4 additions,
+// each erring by at most 2^-24 of a partial sum bounded by 16 sum |a8|; A8 - a8 adds at
+// most 16 (2^-24 sum |a8| + d 2^-150); the double sums of C8 err by less than 2^-45
+// (sum |a| + sum |a8|). The margin (d + 64) 2^-23 16 sum |a8| + 2^-40 (sum |a| + sum |a8|),
+// the relative inflation 2^-40 and 1e-30 cover them with a factor of two to spare.
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
@@ -32,113 +39,122 @@ inline float reduce16(const float* a) noexcept {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/// Per block and query: a = q st8 (float, [padded_dim]) and the constant
-/// C8 + margin (rounded up), to which a candidate's dot is added. The double sums run in
-/// 8 fixed lanes (channel mod 8) so that the AVX-512 twin below gives the same bits.
-inline float finish_refine_block(const double* c, const double* abs_a, const double* abs_ql,
+/// The low nibble of channel i in a refinement row (channels 2j, 2j + 1 in byte j).
+inline unsigned low_nibble(const std::uint8_t* row, std::size_t i) noexcept {
+  return (row[i / 2] >> (4 * (i & 1))) & 0xFu;
+}
+
+/// Per block and query: C8 (rounded up) from the 8 lane sums (channel mod 8, fixed order)
+/// of max(a8, 0) - a / 2, |a| and |a8|, so that the AVX-512 twin gives the same bits.
+inline float finish_refine_block(const double* c, const double* abs_a, const double* abs_a8,
                                  std::size_t padded_dim) noexcept {
-  // The dot's float rounding, a's rounding, and the double sums (also those of the
-  // reference's exact score, below 2^-45 of sum |q lo| + 256 sum |a|).
+  const double sa8 = reduce8(abs_a8);
   const double margin =
-      double(padded_dim + 64) * 0x1p-23 * 256.0 * reduce8(abs_a) + 0x1p-40 * reduce8(abs_ql);
-  return round_up_to_float((reduce8(c) + margin) * (1.0 + 0x1p-40) + 1e-30);
+      double(padded_dim + 64) * 0x1p-23 * 16.0 * sa8 + 0x1p-40 * (reduce8(abs_a) + sa8);
+  const double x = reduce8(c) + margin;
+  return round_up_to_float(x + std::fabs(x) * 0x1p-40 + 1e-30);
 }
 
-inline float prepare_refine_block_scalar(const float* q, const float* lo, const float* st,
-                                         std::size_t padded_dim, float* a) noexcept {
-  double c[8] = {}, abs_a[8] = {}, abs_ql[8] = {};
+inline float prepare_refine_block_scalar(const float* q, const float* st4, std::size_t padded_dim,
+                                         float* a8) noexcept {
+  double c[8] = {}, abs_a[8] = {}, abs_a8[8] = {};
   for (std::size_t i = 0; i < padded_dim; ++i) {
-    a[i] = q[i] * st[i];  // float: its rounding (2^-24 |a|) is inside the margin
-    const double ql = double(q[i]) * double(lo[i]);  // exact
-    c[i % 8] += ql + std::max(double(a[i]), 0.0);
-    abs_a[i % 8] += std::fabs(double(a[i]));
-    abs_ql[i % 8] += std::fabs(ql);
+    const float a = q[i] * st4[i];  // the scan's a, bit for bit
+    a8[i] = q[i] * step8_of(st4[i]);
+    c[i % 8] += std::max(double(a8[i]), 0.0) - 0.5 * double(a);
+    abs_a[i % 8] += std::fabs(double(a));
+    abs_a8[i % 8] += std::fabs(double(a8[i]));
   }
-  return finish_refine_block(c, abs_a, abs_ql, padded_dim);
+  return finish_refine_block(c, abs_a, abs_a8, padded_dim);
 }
 
-/// The preparation below AVX-512: the portable kernel (the same bits: every product it
-/// adds is exact in double), or the scalar twin where there is no batch type.
-inline float prepare_refine_block(const float* q, const float* lo, const float* st,
-                                  std::size_t padded_dim, float* a) noexcept {
+/// The preparation below AVX-512: the portable kernel (the same bits: its sums add the
+/// same doubles in the same lanes), or the scalar twin where there is no batch type.
+inline float prepare_refine_block(const float* q, const float* st4, std::size_t padded_dim,
+                                  float* a8) noexcept {
 #if CERTATTN_PORTABLE_SIMD
-  alignas(64) double c[8], abs_a[8], abs_ql[8];
-  portable::prepare_refine_sums(q, lo, st, padded_dim, a, c, abs_a, abs_ql);
-  return finish_refine_block(c, abs_a, abs_ql, padded_dim);
+  alignas(64) double c[8], abs_a[8], abs_a8[8];
+  portable::prepare_refine_sums(q, st4, padded_dim, a8, c, abs_a, abs_a8);
+  return finish_refine_block(c, abs_a, abs_a8, padded_dim);
 #else
-  return prepare_refine_block_scalar(q, lo, st, padded_dim, a);
+  return prepare_refine_block_scalar(q, st4, padded_dim, a8);
 #endif
 }
 
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
-CERTATTN_TARGET_AVX512 inline float prepare_refine_block_avx512(const float* q, const float* lo,
-                                                                const float* st,
+CERTATTN_TARGET_AVX512 inline float prepare_refine_block_avx512(const float* q, const float* st4,
                                                                 std::size_t padded_dim,
-                                                                float* a) noexcept {
-  __m512d c = _mm512_setzero_pd(), abs_a = c, abs_ql = c;
-  const __m512d zero = _mm512_setzero_pd();
+                                                                float* a8) noexcept {
+  __m512d c = _mm512_setzero_pd(), abs_a = c, abs_a8 = c;
+  const __m512d zero = _mm512_setzero_pd(), half = _mm512_set1_pd(0.5);
   for (std::size_t o = 0; o < padded_dim; o += 8) {  // padded_dim is a multiple of 8
     const __m256 qf = _mm256_loadu_ps(q + o);
-    const __m256 af = _mm256_mul_ps(qf, _mm256_loadu_ps(st + o));
-    _mm256_storeu_ps(a + o, af);
-    const __m512d ad = _mm512_cvtps_pd(af);
-    const __m512d ql = _mm512_mul_pd(_mm512_cvtps_pd(qf), _mm512_cvtps_pd(_mm256_loadu_ps(lo + o)));
-    c = _mm512_add_pd(c, _mm512_add_pd(ql, _mm512_max_pd(ad, zero)));
+    const __m256 sf = _mm256_loadu_ps(st4 + o);
+    const __m512d ad = _mm512_cvtps_pd(_mm256_mul_ps(qf, sf));
+    const __m256 a8f = _mm256_mul_ps(qf, _mm256_mul_ps(sf, _mm256_set1_ps(0.0625f)));
+    _mm256_storeu_ps(a8 + o, a8f);
+    const __m512d a8d = _mm512_cvtps_pd(a8f);
+    c = _mm512_add_pd(c, _mm512_sub_pd(_mm512_max_pd(a8d, zero), _mm512_mul_pd(half, ad)));
     abs_a = _mm512_add_pd(abs_a, _mm512_abs_pd(ad));
-    abs_ql = _mm512_add_pd(abs_ql, _mm512_abs_pd(ql));
+    abs_a8 = _mm512_add_pd(abs_a8, _mm512_abs_pd(a8d));
   }
-  alignas(64) double lc[8], la[8], lq[8];
+  alignas(64) double lc[8], la[8], l8[8];
   _mm512_store_pd(lc, c);
   _mm512_store_pd(la, abs_a);
-  _mm512_store_pd(lq, abs_ql);
-  return finish_refine_block(lc, la, lq, padded_dim);
+  _mm512_store_pd(l8, abs_a8);
+  return finish_refine_block(lc, la, l8, padded_dim);
 }
 CERTATTN_ARCH_END
 #endif
 
-/// sum a code in 16 lanes (the scalar twin of the vector kernels).
-inline float refine_dot_scalar(const float* a, const std::uint8_t* code,
+/// sum a8 low in 16 lanes (the scalar twin of the vector kernels).
+inline float refine_dot_scalar(const float* a8, const std::uint8_t* low,
                                std::size_t padded_dim) noexcept {
   float acc[16] = {};
   for (std::size_t o = 0; o < padded_dim; o += 16)
     for (std::size_t l = 0; l < 16 && o + l < padded_dim; ++l)
-      acc[l] = std::fma(a[o + l], float(code[o + l]), acc[l]);
+      acc[l] = std::fma(a8[o + l], float(low_nibble(low, o + l)), acc[l]);
   return reduce16(acc);
 }
 
 /// refine_dot_scalar()'s bits below AVX2: the portable kernel where the build's target has
 /// a fused multiply-add (NEON), else the scalar twin.
-inline float refine_dot_portable(const float* a, const std::uint8_t* code,
+inline float refine_dot_portable(const float* a8, const std::uint8_t* low,
                                  std::size_t padded_dim) noexcept {
 #if CERTATTN_PORTABLE_SIMD
-  if constexpr (portable::portable_has_fma) return portable::refine_dot(a, code, padded_dim);
+  if constexpr (portable::portable_has_fma) return portable::refine_dot(a8, low, padded_dim);
 #endif
-  return refine_dot_scalar(a, code, padded_dim);
+  return refine_dot_scalar(a8, low, padded_dim);
 }
 
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
-CERTATTN_TARGET_AVX512 inline float refine_dot_avx512(const float* a, const std::uint8_t* code,
+/// 16 channels' low nibbles (8 bytes; 4 when only 8 channels are left) as floats, in
+/// channel order.
+CERTATTN_TARGET_AVX512 inline __m512 nibbles16_avx512(const std::uint8_t* p, bool half) noexcept {
+  const __m128i x = half ? _mm_maskz_loadu_epi8(__mmask16(0xF), p)
+                         : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i il = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(il));
+}
+
+CERTATTN_TARGET_AVX512 inline float refine_dot_avx512(const float* a8, const std::uint8_t* low,
                                                       std::size_t padded_dim) noexcept {
   __m512 acc = _mm512_setzero_ps();
   std::size_t o = 0;
-  for (; o + 16 <= padded_dim; o += 16) {
-    const __m512 cc = _mm512_cvtepi32_ps(
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + o))));
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + o), cc, acc);
-  }
-  if (o < padded_dim) {  // padded_dim is a multiple of 8
-    const __mmask16 m = __mmask16((1u << (padded_dim - o)) - 1);
-    const __m512 cc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, code + o)));
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + o), cc, acc);
-  }
+  for (; o + 16 <= padded_dim; o += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a8 + o), nibbles16_avx512(low + o / 2, false), acc);
+  if (o < padded_dim)  // padded_dim is a multiple of 8: 8 channels left
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(__mmask16(0xFF), a8 + o),
+                          nibbles16_avx512(low + o / 2, true), acc);
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, acc);
   return reduce16(lanes);
 }
 
-/// refine_dot_avx512() of 16 candidates at once (a[k] with code[k]), the same bits for
+/// refine_dot_avx512() of 16 candidates at once (a8[k] with low[k]), the same bits for
 /// each: the 16 lane chains run interleaved (16 independent fma chains instead of one),
 /// and the 16 reductions share one transposed tree that performs, for every candidate,
 /// exactly the additions of reduce16(): b = x[i] + x[i + 8], c = b[i] + b[i + 4], then
@@ -153,20 +169,15 @@ CERTATTN_TARGET_AVX512 inline void refine_dot16_avx512(const float* const* a,
   std::size_t o = 0;
   for (; o + 16 <= padded_dim; o += 16) {
     _Pragma("GCC unroll 16")
-    for (int k = 0; k < 16; ++k) {
-      const __m512 cc = _mm512_cvtepi32_ps(
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code[k] + o))));
-      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a[k] + o), cc, acc[k]);
-    }
+    for (int k = 0; k < 16; ++k)
+      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a[k] + o), nibbles16_avx512(code[k] + o / 2, false),
+                               acc[k]);
   }
   if (o < padded_dim) {  // padded_dim is a multiple of 8
-    const __mmask16 m = __mmask16((1u << (padded_dim - o)) - 1);
     _Pragma("GCC unroll 16")
-    for (int k = 0; k < 16; ++k) {
-      const __m512 cc =
-          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, code[k] + o)));
-      acc[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a[k] + o), cc, acc[k]);
-    }
+    for (int k = 0; k < 16; ++k)
+      acc[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(__mmask16(0xFF), a[k] + o),
+                               nibbles16_avx512(code[k] + o / 2, true), acc[k]);
   }
   // b: lanes 0-7 of x[m] hold candidate 2m's b, lanes 8-15 candidate 2m + 1's.
   __m512 x[8];
@@ -194,24 +205,21 @@ CERTATTN_TARGET_AVX512 inline void refine_dot16_avx512(const float* const* a,
   _mm512_storeu_ps(dot, _mm512_permutexvar_ps(to_candidate, f));
 }
 
-CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a, const std::uint8_t* code,
+CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a8, const std::uint8_t* low,
                                                   std::size_t padded_dim) noexcept {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  const __m128i m = _mm_set1_epi8(0x0F);
   std::size_t o = 0;
-  for (; o + 16 <= padded_dim; o += 16) {
-    std::int64_t c0, c1;
-    std::memcpy(&c0, code + o, 8);
-    std::memcpy(&c1, code + o + 8, 8);
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + o),
-                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c0))), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + o + 8),
-                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c1))), hi);
-  }
-  if (o < padded_dim) {  // 8 channels left
-    std::int64_t c0;
-    std::memcpy(&c0, code + o, 8);
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + o),
-                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c0))), lo);
+  for (; o < padded_dim; o += 16) {
+    const bool half = o + 16 > padded_dim;  // padded_dim is a multiple of 8
+    std::int64_t c = 0;
+    std::memcpy(&c, low + o / 2, half ? 4 : 8);
+    const __m128i x = _mm_cvtsi64_si128(c);
+    const __m128i il = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(il)), lo);
+    if (!half)
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 8),
+                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(il, 8))), hi);
   }
   alignas(32) float lanes[16];
   _mm256_store_ps(lanes, lo);
@@ -221,8 +229,8 @@ CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a, const std::uin
 CERTATTN_ARCH_END
 #endif
 
-/// The dots sum a[k] code[k] of m <= 16 candidates (entries m..15 of a and code must be
-/// valid pointers too: any candidate's), each the same bits as refine8_bound() adds.
+/// The dots sum a8[k] low[k] of m <= 16 candidates (entries m..15 of a and code must be
+/// valid pointers too: any candidate's), each the same bits as refine_dot_scalar().
 inline void refine_dots(const float* const* a, const std::uint8_t* const* code, std::size_t m,
                         std::size_t padded_dim, float* dot, isa which) noexcept {
 #if CERTATTN_X86
@@ -240,20 +248,15 @@ inline void refine_dots(const float* const* a, const std::uint8_t* const* code, 
   for (std::size_t k = 0; k < m; ++k) dot[k] = refine_dot_portable(a[k], code[k], padded_dim);
 }
 
-/// The 8-bit bound on q.k (unscaled) of one candidate, given its block's preparation.
-inline double refine8_bound(const float* a, float offset, const std::uint8_t* code,
-                            std::size_t padded_dim, isa which) noexcept {
+/// The refined bound (scaled) of a candidate whose scan bound is u, from its block's
+/// preparation (a8, offset C8), residual coefficients and rho byte, and its low nibbles:
+/// scan_integer_part() + scale (C8 + dot). For tests and the reference of the level loop.
+inline double refine8_bound(float u, residual_coefficients res, std::uint8_t rho,
+                            const float* a8, float offset, const std::uint8_t* low,
+                            std::size_t padded_dim, double scale, isa which) noexcept {
   float dot;
-#if CERTATTN_X86
-  if (which == isa::kAvx512Vnni)
-    dot = refine_dot_avx512(a, code, padded_dim);
-  else if (which == isa::kAvx2)
-    dot = refine_dot_avx2(a, code, padded_dim);
-  else
-#endif
-    dot = refine_dot_portable(a, code, padded_dim);
-  (void)which;
-  return double(offset) + double(dot);
+  refine_dots(&a8, &low, 1, padded_dim, &dot, which);
+  return scan_integer_part(u, res, rho) + scale * (double(offset) + double(dot));
 }
 
 }  // namespace certattn::detail

@@ -77,6 +77,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include <certattn/common.hpp>
 
@@ -104,6 +105,26 @@ struct block_query_prep {  // (standard layout: finish_prep_avx512 loads 4 float
 };
 
 static_assert(sizeof(block_query_prep) == 10 * sizeof(float));
+
+/// A block's residual term for one query: the scan adds min(holder, norm * rho byte).
+struct residual_coefficients {
+  float holder = 0.0f, norm = 0.0f;
+};
+
+/// An upper bound, in double, of the part r = fl(fma(beta', float(dot2), c')) of a scan
+/// bound u = fl(r + t), t = min(holder, fl(norm * rho)) (the kernels' epilogue, recomputed
+/// here bit for bit): r <= u - t + |u| 2^-24 + 2^-149 (the sum's rounding), and the double
+/// difference errs by at most (|u| + |t|) 2^-53. r bounds scale (sum q lo + sum A code4 +
+/// sum a / 2) (see the derivation above): the nested 8-bit refinement replaces the scan's
+/// bound of the codes' fractions by its own. +inf when u or t is not finite.
+inline double scan_integer_part(float u, residual_coefficients k, std::uint8_t rho) noexcept {
+  const float t = std::min(k.holder, k.norm * float(rho));
+  const double ud = double(u), td = double(t);
+  if (!(std::fabs(ud) <= double(FLT_MAX)) || !(td <= double(FLT_MAX)))
+    return std::numeric_limits<double>::infinity();
+  const double mag = std::fabs(ud) + std::fabs(td);
+  return (ud - td) + std::fabs(ud) * 0x1p-24 + 0x1p-149 + mag * 0x1p-52;
+}
 
 /// max |lo| and max |st4| of a block (exact: any order gives the same bits).
 struct block_maxima {

@@ -95,15 +95,17 @@ CERTATTN_NO_FP_CONTRACT inline float bound_upper_scalar(float x, std::size_t t, 
   return x;
 }
 
-/// Tokens [t0, t1) of one head's u (indexed by token) transformed in place; the maxima of
+/// Tokens [t0, t1) of one head's u (indexed by token) transformed into out (may be u); the maxima of
 /// blocks [t0 / 128, ...) over their tokens below t1 into block_max (indexed by block).
-CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_scalar(float* u, std::size_t t0, std::size_t t1,
-                                       const bound_variant& b, float* block_max) noexcept {
+CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_scalar(const float* u, float* out,
+                                                               std::size_t t0, std::size_t t1,
+                                                               const bound_variant& b,
+                                                               float* block_max) noexcept {
   constexpr std::size_t B = 128;
   for (std::size_t blk = t0 / B; blk * B < t1; ++blk) {
     float m = -std::numeric_limits<float>::infinity();
     for (std::size_t t = std::max(t0, blk * B); t < std::min(t1, (blk + 1) * B); ++t)
-      m = std::max(m, u[t] = bound_upper_scalar(u[t], t, b));
+      m = std::max(m, out[t] = bound_upper_scalar(u[t], t, b));
     block_max[blk] = m;
   }
 }
@@ -139,7 +141,8 @@ CERTATTN_TARGET_AVX512 CERTATTN_NO_FP_CONTRACT inline __m512 softcap_upper_avx51
   return _mm512_mask_blend_ps(masked, s, ninf);
 }
 
-CERTATTN_TARGET_AVX512 CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_avx512(float* u, std::size_t t0,
+CERTATTN_TARGET_AVX512 CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_avx512(const float* u,
+                                                              float* out, std::size_t t0,
                                                               std::size_t t1,
                                                               const bound_variant& b,
                                                               float* block_max) noexcept {
@@ -161,11 +164,11 @@ CERTATTN_TARGET_AVX512 CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_a
         const __m512 margin = _mm512_mul_ps(_mm512_and_ps(p, abs_mask), _mm512_set1_ps(0x1p-22f));
         x = add_round_up_avx512(x, add_round_up_avx512(p, margin));
       }
-      _mm512_storeu_ps(u + t, x);
+      _mm512_storeu_ps(out + t, x);
       m = _mm512_max_ps(m, x);
     }
     float mx = _mm512_reduce_max_ps(m);
-    for (; t < e; ++t) mx = std::max(mx, u[t] = bound_upper_scalar(u[t], t, b));
+    for (; t < e; ++t) mx = std::max(mx, out[t] = bound_upper_scalar(u[t], t, b));
     block_max[blk] = mx;
   }
 }
@@ -173,13 +176,13 @@ CERTATTN_ARCH_END
 #endif
 
 /// The transform on the given instruction set.
-inline void apply_bound_variant(float* u, std::size_t t0, std::size_t t1, const bound_variant& b,
-                                float* block_max, isa which) noexcept {
+inline void apply_bound_variant(const float* u, float* out, std::size_t t0, std::size_t t1,
+                                const bound_variant& b, float* block_max, isa which) noexcept {
 #if CERTATTN_X86
-  if (which == isa::kAvx512Vnni) return apply_bound_variant_avx512(u, t0, t1, b, block_max);
+  if (which == isa::kAvx512Vnni) return apply_bound_variant_avx512(u, out, t0, t1, b, block_max);
 #endif
   (void)which;
-  apply_bound_variant_scalar(u, t0, t1, b, block_max);
+  apply_bound_variant_scalar(u, out, t0, t1, b, block_max);
 }
 
 }  // namespace certattn::detail
