@@ -344,9 +344,9 @@ double mean_slack(const certattn::strided_kv<T>& kv, const certattn::key_index& 
 
 // The query's second int8 plane (arch/scan_prep.hpp) removes nearly all of the first
 // plane's rounding term 15 sum max(e', 0): on Gaussian keys and queries at d = 128 and the
-// softmax scale 1 / sqrt(d) the mean slack u - s is 1.217 nats with it and 1.394 without
+// softmax scale 1 / sqrt(d) the mean slack u - s is 1.143 nats with it and 1.309 without
 // (the same data, the second plane disabled by hand: this test then fails). Deterministic
-// (fixed seeds, and the bounds are bit-identical on every kernel): the threshold 1.30 sits
+// (fixed seeds, and the bounds are bit-identical on every kernel): the threshold 1.22 sits
 // between the two.
 TEST(ScanTest, TheQueryRemainderPlaneTightensTheBound) {
   const std::size_t d = 128, n = 4096, group = 4;
@@ -362,16 +362,18 @@ TEST(ScanTest, TheQueryRemainderPlaneTightensTheBound) {
   for (auto& x : q) x = nd(rng);
   const double slack = mean_slack(kv, idx, q, group, 1.0 / std::sqrt(double(d)),
                                   certattn::detected_isa());
-  EXPECT_LT(slack, 1.30);
+  std::printf("mean 4-bit slack %.4f nats\n", slack);
+  EXPECT_LT(slack, 1.22);
   EXPECT_GT(slack, 0.5);  // (a bound, not the score)
 }
 
 // The nested 8-bit refinement (arch/refine_kernels.hpp) on the same data: its bound takes
 // the scan's integer part and replaces the 4-bit codes' fractions (up to 1/2 per channel,
 // or the Cauchy-Schwarz term) by the low nibbles' dot plus max(a8, 0) (up to 1/16 per
-// channel). The mean slack R - s is 0.105 nats against u - s = 1.217 for the same bounds u
-// (deterministic: fixed seeds, bit-identical kernels); the threshold 0.25 fails when the
-// refinement gives back u (R = u: seen by hand).
+// channel). The mean slack R - s is 0.099 nats against u - s = 1.143 for the same bounds u
+// (deterministic: fixed seeds, bit-identical kernels). R inherits the scan's query
+// rounding term: with the second int8 plane disabled by hand it is 0.265 nats, and the
+// threshold 0.18 between the two fails (as it does when the refinement gives back u).
 TEST(ScanTest, TheNestedRefinementTightensTheBound) {
   const std::size_t d = 128, n = 4096, group = 4;
   std::mt19937_64 rng(11);
@@ -401,7 +403,7 @@ TEST(ScanTest, TheNestedRefinementTightensTheBound) {
   }
   slack /= double(group * n);
   std::printf("mean 8-bit slack %.4f nats\n", slack);
-  EXPECT_LT(slack, 0.25);
+  EXPECT_LT(slack, 0.18);
   EXPECT_GT(slack, 0.01);  // (a bound, not the score)
 }
 

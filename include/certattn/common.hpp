@@ -66,7 +66,7 @@ inline float round_up_to_float(double x) noexcept {
 namespace detail {
 /// A block's 4-bit step st4 >= 0 made divisible by 16 in float: below 2^-122, st4 / 16
 /// would be subnormal and could round, so st4 is rounded up to a multiple of 2^-145 there
-/// (exact in float, and then st4 / 16 is too). Any st4 at least the range / 15 keeps the
+/// (exact in float, and then st4 / 16 is too). Any st4 at least 16 range / 255 keeps the
 /// codes valid; this one differs from the given only for keys below about 1e-36.
 inline float nestable_step4(float st4) noexcept {
   if (!(st4 < 0x1p-122f)) return st4;  // (also NaN, which the index never has)

@@ -400,14 +400,14 @@ class key_index {
     detail::key_to_float(kv, t, out);
   }
 
-  /// Within block b's 4-bit range [lo, lo + 15 st4] in every channel (the 8-bit codes
-  /// reach lo + 255 st8 = lo + 15.9375 st4 beyond it).
+  /// Within block b's range [lo, lo + 255 st8] (= lo + 15.9375 st4) in every channel.
   bool fits_block(const float* x, std::size_t b) const noexcept {
     const float* lo = block_lo(b);
     const float* s4 = block_step4(b);
     for (std::size_t i = 0; i < d_; ++i) {
       const double v = double(x[i]);
-      if (v < double(lo[i]) || v > double(lo[i]) + 15.0 * double(s4[i])) return false;
+      if (v < double(lo[i]) || v > double(lo[i]) + 255.0 * double(detail::step8_of(s4[i])))
+        return false;
     }
     return true;
   }
@@ -432,9 +432,9 @@ class key_index {
   /// and its residual-norm byte. The AVX-512 path computes the same bits as the scalar
   /// loop (arch/avx512/encode_kernels.hpp); both sum the residual's squares in 8 lanes
   /// (channel i in lane i mod 8) and add the lanes in one fixed order. The 4-bit code
-  /// q8 / 16 is the code quantize() gives with st4 (lo + st4 (q8 / 16) <= lo + st8 q8 <= k
-  /// and k <= lo + st8 (q8 + 1) <= lo + st4 (q8 / 16 + 1), every product by a power of two
-  /// exact): nesting leaves the scan's codes and bounds as they were.
+  /// q8 / 16 brackets k with st4 (lo + st4 (q8 / 16) <= lo + st8 q8 <= k and
+  /// k <= lo + st8 (q8 + 1) <= lo + st4 (q8 / 16 + 1), every product by a power of two
+  /// exact): it is the code quantize() gives with st4.
   void encode_token(const float* x, std::size_t b, std::size_t tb) {
     if (inverse_block_ != b) prepare_block_inverse(b);
     const float* lo = block_lo(b);
@@ -505,12 +505,12 @@ class key_index {
         maxs_[i] = std::max(maxs_[i], x[i]);
       }
     }
-    if (headroom && b > 0) {  // the previous block's ranges, [lo, lo + 15 st4] per channel
+    if (headroom && b > 0) {  // the previous block's ranges, [lo, lo + 255 st8] per channel
       const float* plo = block_lo(b - 1);
       const float* ps4 = block_step4(b - 1);
       for (std::size_t i = 0; i < d_; ++i) {
         mins_[i] = std::min(mins_[i], plo[i]);
-        maxs_[i] = std::max(maxs_[i], float(std::min(double(plo[i]) + 15.0 * double(ps4[i]),
+        maxs_[i] = std::max(maxs_[i], float(std::min(double(plo[i]) + 255.0 * double(detail::step8_of(ps4[i])),
                                                      double(std::numeric_limits<float>::max()))));
       }
     }
@@ -528,7 +528,10 @@ class key_index {
       lo[i] = float(mn);
       if (double(lo[i]) > mn) lo[i] = std::nextafter(lo[i], -std::numeric_limits<float>::infinity());
       const double range = mx - double(lo[i]);
-      s4[i] = detail::nestable_step4(round_up_to_float(range / 15.0));
+      // st8 = range / 255 (every 8-bit code used), st4 = 16 st8: the 4-bit codes 0..15
+      // then cover [lo, lo + 16 st4] = range * 256 / 255, where st4 = range / 15 left the
+      // top sixteenth of the range unused (a 6% wider step, and a looser scan bound).
+      s4[i] = detail::nestable_step4(round_up_to_float(range * 16.0 / 255.0));
     }
     inverse_block_ = std::size_t(-1);
     std::memset(codes4_.data() + b * block_code4_bytes(), 0, block_code4_bytes());
