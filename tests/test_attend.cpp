@@ -315,7 +315,7 @@ TEST(RefineKernels, BatchedDotMatchesSingleCandidateBits) {
   std::uint64_t state = 12345;
   auto next = [&state] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL; };
   for (std::size_t dp : {8u, 16u, 64u, 72u, 128u, 136u, 256u}) {
-    std::vector<std::vector<float>> a(16, std::vector<float>(dp));
+    std::vector<std::vector<float>> a(16, std::vector<float>(detail::refine_a_size(dp), 0.0f));
     std::vector<std::vector<std::uint8_t>> code(16, std::vector<std::uint8_t>(dp / 2));
     for (int k = 0; k < 16; ++k)
       for (std::size_t i = 0; i < dp; ++i) {

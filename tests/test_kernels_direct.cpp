@@ -239,17 +239,21 @@ TEST(Refine, PrepareBlockEqualsScalar) {
       const auto q = random_row<float>(r, dp, -10, 6);
       auto st = random_row<float>(r, dp, -12, 0);
       for (auto& x : st) x = std::fabs(x);
-      std::vector<float> a0(dp), a1(dp);
+      const std::size_t na = detail::refine_a_size(dp);
+      std::vector<float> a0(na, 1.0f), a1(na, 2.0f);  // the padding slots must be zeroed
       const float off0 = detail::prepare_refine_block_scalar(q.data(), st.data(), dp, a0.data());
       const float off1 = detail::prepare_refine_block(q.data(), st.data(), dp, a1.data());
       EXPECT_EQ(bits(off1), bits(off0)) << "dp " << dp;
-      for (std::size_t i = 0; i < dp; ++i) ASSERT_EQ(bits(a1[i]), bits(a0[i])) << "dp " << dp << " i " << i;
+      for (std::size_t i = 0; i < na; ++i) ASSERT_EQ(bits(a1[i]), bits(a0[i])) << "dp " << dp << " i " << i;
+      for (std::size_t i = 0; i < dp; ++i)  // channel i's slot holds q st8
+        ASSERT_EQ(bits(a0[detail::refine_slot(i)]), bits(q[i] * detail::step8_of(st[i]))) << "dp " << dp;
+      for (std::size_t i = dp; i < na; ++i) ASSERT_EQ(a0[detail::refine_slot(i)], 0.0f) << "dp " << dp;
 #if CERTATTN_X86
       if (has(isa::kAvx512Vnni)) {
-        std::vector<float> a2(dp);
+        std::vector<float> a2(na, 3.0f);
         const float off2 = detail::prepare_refine_block_avx512(q.data(), st.data(), dp, a2.data());
         EXPECT_EQ(bits(off2), bits(off0)) << "avx512 dp " << dp;
-        for (std::size_t i = 0; i < dp; ++i) ASSERT_EQ(bits(a2[i]), bits(a0[i])) << "avx512 dp " << dp;
+        for (std::size_t i = 0; i < na; ++i) ASSERT_EQ(bits(a2[i]), bits(a0[i])) << "avx512 dp " << dp;
       }
 #endif
     }
@@ -260,7 +264,8 @@ TEST(Refine, DotEqualsScalarOnEveryIsa) {
   rng r{61};
   for (std::size_t dp : {8u, 16u, 24u, 64u, 72u, 128u, 136u, 256u}) {
     for (int rep = 0; rep < 8; ++rep) {
-      const auto a = random_row<float>(r, dp, -20, 20);
+      auto a = random_row<float>(r, detail::refine_a_size(dp), -20, 20);
+      for (std::size_t i = dp; i < a.size(); ++i) a[detail::refine_slot(i)] = 0.0f;  // as prepared
       std::vector<std::uint8_t> code(dp / 2);  // low nibbles, two channels per byte
       for (auto& c : code) c = std::uint8_t(r.next() >> 56);
       const float want = detail::refine_dot_scalar(a.data(), code.data(), dp);

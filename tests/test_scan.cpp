@@ -93,7 +93,7 @@ std::vector<double> refined_bounds(const certattn::key_index& idx, const float* 
   const std::size_t B = certattn::key_index::kBlockTokens, nb = (pool_end + B - 1) / B;
   const std::size_t dp = idx.padded_dim();
   std::vector<double> out(nq * nb * B, 0.0);
-  std::vector<float> a8(dp);
+  std::vector<float> a8(dt::refine_a_size(dp));
   for (std::size_t g = 0; g < nq; ++g)
     for (std::size_t b = 0; b < nb; ++b) {
       const float* q = qpad + g * dp;

@@ -247,7 +247,7 @@ struct head_loop : row_access {
   /// first use: a8 = q st8 (returned) and the constant C8.
   const float* refine_block(std::size_t b) noexcept {
     const std::size_t dp = idx.padded_dim();
-    float* a = ws.refine_a_.data() + b * dp;
+    float* a = ws.refine_a_.data() + b * refine_a_size(dp);
     if (!ws.refine_ready_[b]) {
       ws.refine_offset_[b] = cx.kernels.prepare_refine_block(qpad, idx.block_step4(b), dp, a);
       ws.refine_ready_[b] = 1;
@@ -366,6 +366,8 @@ struct head_loop : row_access {
         if (i + k + kPrefetchAhead < b_end) {
           const std::uint32_t ahead = ws.bucket_[i + k + kPrefetchAhead];
           prefetch_rows(idx.codes8_low(ahead), idx.low8_bytes());
+          __builtin_prefetch(u + ahead);  // its bound and residual byte, for scan_integer_part()
+          __builtin_prefetch(idx.block_rho(0) + ahead);
           const std::size_t ab = ahead / key_index::kBlockTokens;
           if (!ws.refine_ready_[ab])  // its block's steps, read by the preparation
             prefetch_rows(idx.block_step4(ab), dp * sizeof(float));

@@ -4,6 +4,7 @@
 // (call_context.hpp) and a head's level loop state (level_loop.hpp), not here.
 #pragma once
 
+#include <certattn/arch/refine_kernels.hpp>
 #include <certattn/common.hpp>
 #include <certattn/dense.hpp>
 #include <certattn/index.hpp>
@@ -155,7 +156,7 @@ class attend_workspace {
     nodes_.assign(3 * max_tokens + 16, {});  // refined, scored, transition
     to_score_.assign(max_tokens + 16, 0);
     e_up_.assign(max_tokens + 16, 0.0f);
-    refine_a_.assign(blocks * dp_ + 16, 0.0f);
+    refine_a_.assign(blocks * detail::refine_a_size(dp_) + 16, 0.0f);
     refine_offset_.assign(blocks + 1, 0.0f);
     refine_ready_.assign(blocks + 1, 0);
     to_include_.assign(max_tokens + 16, {});
@@ -261,7 +262,7 @@ class attend_workspace {
   };
   large_vector<std::uint32_t> to_score_;  // this level's keys to read exactly
   large_vector<float> e_up_;              // [pool] upper bounds on the perturbations
-  std::vector<float> refine_a_;           // [blocks][padded_dim] q * st8 of this head
+  std::vector<float> refine_a_;           // [blocks][refine_a_size] q * st8 of this head
   std::vector<float> refine_offset_;      // [blocks] the nested refinement's constant
   std::vector<std::uint8_t> refine_ready_;  // [blocks] prepared for this head
   large_vector<admitted> to_include_;     // this level's keys whose values enter the sums

@@ -249,27 +249,29 @@ inline void accumulate_centered_row(const T* v, std::size_t d, double w, const d
 }
 
 /// sum a8 low in 16 float lanes with fused multiply-adds: refine_dot_scalar()'s bits
-/// (padded_dim a multiple of 8; low: two channels' low nibbles per byte). Needs
-/// portable_has_fma.
+/// (a8 in its slot order; low: two channels' low nibbles per byte). Needs portable_has_fma.
 inline float refine_dot(const float* a8, const std::uint8_t* low, std::size_t padded_dim) noexcept {
   batch_f acc[16 / nf];
   for (auto& x : acc) x = batch_f(0.0f);
-  std::size_t o = 0;
-  for (; o + 16 <= padded_dim; o += 16)
+  for (std::size_t o = 0; o < padded_dim; o += 32) {
+    const std::size_t bytes = std::min<std::size_t>(16, (padded_dim - o) / 2);
+    alignas(16) std::uint8_t b[16] = {};
+    std::memcpy(b, low + o / 2, bytes);
     for (std::size_t j = 0; j < 16 / nf; ++j) {
-      const std::size_t c0 = o + j * nf;
-      const batch_f cb = make_batch<batch_f>(
-          [low, c0](std::size_t i) { return float((low[(c0 + i) / 2] >> (4 * ((c0 + i) & 1))) & 0xF); });
-      acc[j] = xsimd::fma(batch_f::load_unaligned(a8 + c0), cb, acc[j]);
+      const std::uint8_t* bj = b + j * nf;
+      const batch_f lo = make_batch<batch_f>([bj](std::size_t i) { return float(bj[i] & 0xF); });
+      const batch_f hi = make_batch<batch_f>([bj](std::size_t i) { return float(bj[i] >> 4); });
+      acc[j] = xsimd::fma(batch_f::load_unaligned(a8 + o + j * nf), lo, acc[j]);
+      acc[j] = xsimd::fma(batch_f::load_unaligned(a8 + o + 16 + j * nf), hi, acc[j]);
     }
+  }
   alignas(64) float l[16];
   for (std::size_t j = 0; j < 16 / nf; ++j) acc[j].store_aligned(l + j * nf);
-  for (std::size_t i = 0; o + i < padded_dim; ++i)
-    l[i] = std::fma(a8[o + i], float((low[(o + i) / 2] >> (4 * ((o + i) & 1))) & 0xF), l[i]);
   return tree16(l);
 }
 
-/// prepare_refine_block()'s sums: a8 = q st8 (float, st8 = st4 / 16), and per lane
+/// prepare_refine_block()'s sums: a8 = q st8 (float, st8 = st4 / 16) into its slots
+/// (refine_kernels.hpp's refine_slot(); the caller zeroes the padding), and per lane
 /// (channel mod 8) c += max(a8, 0) - a / 2 (a = q st4, float), |a|, |a8| in double.
 inline void prepare_refine_sums(const float* q, const float* st4, std::size_t padded_dim,
                                 float* a8, double* c_out, double* abs_a_out,
@@ -282,8 +284,10 @@ inline void prepare_refine_sums(const float* q, const float* st4, std::size_t pa
       const std::size_t i0 = o + j * nd;
       const batch_d ab = make_batch<batch_d>([&](std::size_t i) { return double(q[i0 + i] * st4[i0 + i]); });
       const batch_d a8b = make_batch<batch_d>([&](std::size_t i) {
-        a8[i0 + i] = q[i0 + i] * (st4[i0 + i] * 0.0625f);  // float: inside the margin
-        return double(a8[i0 + i]);
+        const std::size_t ch = i0 + i;
+        const float x = q[ch] * (st4[ch] * 0.0625f);  // float: inside the margin
+        a8[ch / 32 * 32 + (ch % 2) * 16 + (ch % 32) / 2] = x;
+        return double(x);
       });
       c.v[j] = c.v[j] + (xsimd::max(a8b, zero) - half * ab);
       abs_a.v[j] = abs_a.v[j] + xsimd::abs(ab);
@@ -293,10 +297,12 @@ inline void prepare_refine_sums(const float* q, const float* st4, std::size_t pa
   c.store(c_out);
   abs_a.store(abs_a_out);
   abs_a8.store(abs_a8_out);
-  for (std::size_t i = 0; o + i < padded_dim; ++i) {
-    const float a = q[o + i] * st4[o + i];
-    a8[o + i] = q[o + i] * (st4[o + i] * 0.0625f);
-    const double a8d = double(a8[o + i]);
+  for (std::size_t i = 0; o + i < padded_dim; ++i) {  // (none: padded_dim is a multiple of 8)
+    const std::size_t ch = o + i;
+    const float a = q[ch] * st4[ch];
+    const float x = q[ch] * (st4[ch] * 0.0625f);
+    a8[ch / 32 * 32 + (ch % 2) * 16 + (ch % 32) / 2] = x;
+    const double a8d = double(x);
     c_out[i] += (a8d > 0.0 ? a8d : 0.0) - 0.5 * double(a);
     abs_a_out[i] += std::fabs(double(a));
     abs_a8_out[i] += std::fabs(a8d);

@@ -8,9 +8,13 @@
 // a8 and C8 depend only on the block and the query, so they are prepared once per block
 // that has candidates (prepare_refine_block), and a candidate costs one 64-byte row of low
 // nibbles (at head_dim 128) and one dot of them with a8. The dot runs in float in 16 fixed
-// lanes (channel mod 16) with explicit fmas and one reduction tree, so the AVX-512 kernel,
-// the AVX2 kernel (two 8-lane halves), the portable one and the scalar twin give the same
-// bits. Rounding: each lane chain performs at most d / 16 fmas and the tree 4 additions,
+// lanes with explicit fmas and one reduction tree, so the AVX-512 kernel, the AVX2 kernel
+// (two 8-lane halves), the portable one and the scalar twin give the same bits. The lanes
+// follow the row's bytes: per chunk of 32 channels (16 bytes), lane l adds channel 2l (the
+// low nibble of byte l), then channel 2l + 1 (its high nibble); the preparation stores a8
+// in that order (refine_slot(): per chunk, the even channels, then the odd ones, zero past
+// padded_dim), so that one widening load of 16 bytes feeds 32 channels. Rounding: each
+// lane chain performs at most d / 16 + 2 fmas and the tree 4 additions,
 // each erring by at most 2^-24 of a partial sum bounded by 16 sum |a8|; A8 - a8 adds at
 // most 16 (2^-24 sum |a8| + d 2^-150); the double sums of C8 err by less than 2^-45
 // (sum |a| + sum |a8|). The margin (d + 64) 2^-23 16 sum |a8| + 2^-40 (sum |a| + sum |a8|),
@@ -44,6 +48,15 @@ inline unsigned low_nibble(const std::uint8_t* row, std::size_t i) noexcept {
   return (row[i / 2] >> (4 * (i & 1))) & 0xFu;
 }
 
+/// Floats of a prepared a8: padded_dim rounded up to whole chunks of 32 channels.
+constexpr std::size_t refine_a_size(std::size_t padded_dim) noexcept {
+  return (padded_dim + 31) / 32 * 32;
+}
+/// Where channel i's a8 goes: per chunk of 32, the even channels, then the odd ones.
+constexpr std::size_t refine_slot(std::size_t i) noexcept {
+  return i / 32 * 32 + (i % 2) * 16 + (i % 32) / 2;
+}
+
 /// Per block and query: C8 (rounded up) from the 8 lane sums (channel mod 8, fixed order)
 /// of max(a8, 0) - a / 2, |a| and |a8|, so that the AVX-512 twin gives the same bits.
 inline float finish_refine_block(const double* c, const double* abs_a, const double* abs_a8,
@@ -55,15 +68,18 @@ inline float finish_refine_block(const double* c, const double* abs_a, const dou
   return round_up_to_float(x + std::fabs(x) * 0x1p-40 + 1e-30);
 }
 
+/// a8 = q st8 into its slots (a8[refine_a_size(padded_dim)], zero past padded_dim) and C8.
 inline float prepare_refine_block_scalar(const float* q, const float* st4, std::size_t padded_dim,
                                          float* a8) noexcept {
   double c[8] = {}, abs_a[8] = {}, abs_a8[8] = {};
+  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
   for (std::size_t i = 0; i < padded_dim; ++i) {
     const float a = q[i] * st4[i];  // the scan's a, bit for bit
-    a8[i] = q[i] * step8_of(st4[i]);
-    c[i % 8] += std::max(double(a8[i]), 0.0) - 0.5 * double(a);
+    const float x = q[i] * step8_of(st4[i]);
+    a8[refine_slot(i)] = x;
+    c[i % 8] += std::max(double(x), 0.0) - 0.5 * double(a);
     abs_a[i % 8] += std::fabs(double(a));
-    abs_a8[i % 8] += std::fabs(double(a8[i]));
+    abs_a8[i % 8] += std::fabs(double(x));
   }
   return finish_refine_block(c, abs_a, abs_a8, padded_dim);
 }
@@ -74,6 +90,7 @@ inline float prepare_refine_block(const float* q, const float* st4, std::size_t 
                                   float* a8) noexcept {
 #if CERTATTN_PORTABLE_SIMD
   alignas(64) double c[8], abs_a[8], abs_a8[8];
+  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
   portable::prepare_refine_sums(q, st4, padded_dim, a8, c, abs_a, abs_a8);
   return finish_refine_block(c, abs_a, abs_a8, padded_dim);
 #else
@@ -88,12 +105,17 @@ CERTATTN_TARGET_AVX512 inline float prepare_refine_block_avx512(const float* q, 
                                                                 float* a8) noexcept {
   __m512d c = _mm512_setzero_pd(), abs_a = c, abs_a8 = c;
   const __m512d zero = _mm512_setzero_pd(), half = _mm512_set1_pd(0.5);
+  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
+  const __m256i even_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   for (std::size_t o = 0; o < padded_dim; o += 8) {  // padded_dim is a multiple of 8
     const __m256 qf = _mm256_loadu_ps(q + o);
     const __m256 sf = _mm256_loadu_ps(st4 + o);
     const __m512d ad = _mm512_cvtps_pd(_mm256_mul_ps(qf, sf));
     const __m256 a8f = _mm256_mul_ps(qf, _mm256_mul_ps(sf, _mm256_set1_ps(0.0625f)));
-    _mm256_storeu_ps(a8 + o, a8f);
+    // Channels o..o+7: the four even ones to slots refine_slot(o) + 0..3, the odd ones 16 on.
+    const __m256 eo = _mm256_permutevar8x32_ps(a8f, even_odd);
+    _mm_storeu_ps(a8 + refine_slot(o), _mm256_castps256_ps128(eo));
+    _mm_storeu_ps(a8 + refine_slot(o) + 16, _mm256_extractf128_ps(eo, 1));
     const __m512d a8d = _mm512_cvtps_pd(a8f);
     c = _mm512_add_pd(c, _mm512_sub_pd(_mm512_max_pd(a8d, zero), _mm512_mul_pd(half, ad)));
     abs_a = _mm512_add_pd(abs_a, _mm512_abs_pd(ad));
@@ -108,13 +130,18 @@ CERTATTN_TARGET_AVX512 inline float prepare_refine_block_avx512(const float* q, 
 CERTATTN_ARCH_END
 #endif
 
-/// sum a8 low in 16 lanes (the scalar twin of the vector kernels).
+/// sum a8 low in 16 lanes (the scalar twin of the vector kernels): per chunk of 32
+/// channels, lane l adds channel 2l, then 2l + 1 (a8 in refine_slot() order, nibbles past
+/// padded_dim read as 0).
 inline float refine_dot_scalar(const float* a8, const std::uint8_t* low,
                                std::size_t padded_dim) noexcept {
   float acc[16] = {};
-  for (std::size_t o = 0; o < padded_dim; o += 16)
-    for (std::size_t l = 0; l < 16 && o + l < padded_dim; ++l)
-      acc[l] = std::fma(a8[o + l], float(low_nibble(low, o + l)), acc[l]);
+  for (std::size_t o = 0; o < padded_dim; o += 32)
+    for (std::size_t l = 0; l < 16; ++l) {
+      const std::uint8_t byte = o + 2 * l < padded_dim ? low[o / 2 + l] : std::uint8_t(0);
+      acc[l] = std::fma(a8[o + l], float(byte & 0xF), acc[l]);
+      acc[l] = std::fma(a8[o + 16 + l], float(byte >> 4), acc[l]);
+    }
   return reduce16(acc);
 }
 
@@ -130,25 +157,25 @@ inline float refine_dot_portable(const float* a8, const std::uint8_t* low,
 
 #if CERTATTN_X86
 CERTATTN_ARCH_BEGIN
-/// 16 channels' low nibbles (8 bytes; 4 when only 8 channels are left) as floats, in
-/// channel order.
-CERTATTN_TARGET_AVX512 inline __m512 nibbles16_avx512(const std::uint8_t* p, bool half) noexcept {
-  const __m128i x = half ? _mm_maskz_loadu_epi8(__mmask16(0xF), p)
-                         : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  const __m128i il = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(il));
+/// Chunk o (32 channels, 16 bytes; fewer past padded_dim, read as 0): acc += a8's even
+/// slots times the low nibbles, then its odd slots times the high nibbles.
+CERTATTN_TARGET_AVX512 inline __m512 refine_chunk_avx512(__m512 acc, const float* a8,
+                                                         const std::uint8_t* low, std::size_t o,
+                                                         std::size_t padded_dim) noexcept {
+  const std::size_t bytes = std::min<std::size_t>(16, (padded_dim - o) / 2);
+  const __m128i x = bytes == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(low + o / 2))
+                                : _mm_maskz_loadu_epi8(__mmask16((1u << bytes) - 1u), low + o / 2);
+  const __m512i w = _mm512_cvtepu8_epi32(x);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0xF)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+  acc = _mm512_fmadd_ps(_mm512_loadu_ps(a8 + o), lo, acc);
+  return _mm512_fmadd_ps(_mm512_loadu_ps(a8 + o + 16), hi, acc);
 }
 
 CERTATTN_TARGET_AVX512 inline float refine_dot_avx512(const float* a8, const std::uint8_t* low,
                                                       std::size_t padded_dim) noexcept {
   __m512 acc = _mm512_setzero_ps();
-  std::size_t o = 0;
-  for (; o + 16 <= padded_dim; o += 16)
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a8 + o), nibbles16_avx512(low + o / 2, false), acc);
-  if (o < padded_dim)  // padded_dim is a multiple of 8: 8 channels left
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(__mmask16(0xFF), a8 + o),
-                          nibbles16_avx512(low + o / 2, true), acc);
+  for (std::size_t o = 0; o < padded_dim; o += 32) acc = refine_chunk_avx512(acc, a8, low, o, padded_dim);
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, acc);
   return reduce16(lanes);
@@ -166,18 +193,9 @@ CERTATTN_TARGET_AVX512 inline void refine_dot16_avx512(const float* const* a,
   __m512 acc[16];
   _Pragma("GCC unroll 16")
   for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
-  std::size_t o = 0;
-  for (; o + 16 <= padded_dim; o += 16) {
+  for (std::size_t o = 0; o < padded_dim; o += 32) {
     _Pragma("GCC unroll 16")
-    for (int k = 0; k < 16; ++k)
-      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a[k] + o), nibbles16_avx512(code[k] + o / 2, false),
-                               acc[k]);
-  }
-  if (o < padded_dim) {  // padded_dim is a multiple of 8
-    _Pragma("GCC unroll 16")
-    for (int k = 0; k < 16; ++k)
-      acc[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(__mmask16(0xFF), a[k] + o),
-                               nibbles16_avx512(code[k] + o / 2, true), acc[k]);
+    for (int k = 0; k < 16; ++k) acc[k] = refine_chunk_avx512(acc[k], a[k], code[k], o, padded_dim);
   }
   // b: lanes 0-7 of x[m] hold candidate 2m's b, lanes 8-15 candidate 2m + 1's.
   __m512 x[8];
@@ -207,19 +225,17 @@ CERTATTN_TARGET_AVX512 inline void refine_dot16_avx512(const float* const* a,
 
 CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a8, const std::uint8_t* low,
                                                   std::size_t padded_dim) noexcept {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  const __m128i m = _mm_set1_epi8(0x0F);
-  std::size_t o = 0;
-  for (; o < padded_dim; o += 16) {
-    const bool half = o + 16 > padded_dim;  // padded_dim is a multiple of 8
-    std::int64_t c = 0;
-    std::memcpy(&c, low + o / 2, half ? 4 : 8);
-    const __m128i x = _mm_cvtsi64_si128(c);
-    const __m128i il = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(il)), lo);
-    if (!half)
-      hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 8),
-                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(il, 8))), hi);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes 0-7, 8-15
+  const __m256i m = _mm256_set1_epi32(0xF);
+  for (std::size_t o = 0; o < padded_dim; o += 32) {
+    alignas(16) std::uint8_t b[16] = {};
+    std::memcpy(b, low + o / 2, std::min<std::size_t>(16, (padded_dim - o) / 2));
+    const __m128i x = _mm_load_si128(reinterpret_cast<const __m128i*>(b));
+    const __m256i w0 = _mm256_cvtepu8_epi32(x), w1 = _mm256_cvtepu8_epi32(_mm_srli_si128(x, 8));
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o), _mm256_cvtepi32_ps(_mm256_and_si256(w0, m)), lo);
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 16), _mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 8), _mm256_cvtepi32_ps(_mm256_and_si256(w1, m)), hi);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 24), _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4)), hi);
   }
   alignas(32) float lanes[16];
   _mm256_store_ps(lanes, lo);
