@@ -103,4 +103,21 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(std::size_t(8), std::size_t(64), std::size_t(100),
                                          std::size_t(128))));
 
+// The index's memory (format 2: nested codes): 1.0625 d + 9 bytes per token plus the
+// centre, at most 30% of the fp16 K and V rows at head_dim 128 (28.3%) and 256, 31% at 64.
+TEST(IndexMemory, NestedCodesKeepTheIndexWithinThirtyPercentOfTheCache) {
+  for (std::size_t d : {64u, 128u, 256u}) {
+    const std::size_t n = 16384;
+    const std::vector<half> keys = make_keys(kind::kGaussian, n, d, d);
+    const std::vector<half> values(n * d, half(1.0f));
+    const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
+    key_index idx(d);
+    idx.build(kv);
+    const double frac = double(idx.memory_bytes()) / double(n * d * 2 * sizeof(half));
+    const double per_token = double(idx.memory_bytes()) / double(n);
+    EXPECT_NEAR(per_token, 1.0625 * double(d) + 9.0, 1.0) << "d " << d;
+    EXPECT_LE(frac, d == 64 ? 0.31 : 0.30) << "d " << d;
+  }
+}
+
 }  // namespace
