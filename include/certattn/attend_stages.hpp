@@ -784,7 +784,8 @@ struct attend_stages : row_access {
     const std::size_t F = cx.fixed_rows(), row_bytes = cx.key_bytes + cx.value_bytes;
     const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
     const std::size_t shared =
-        (count_shared ? blocks * (idx.block_code4_bytes() + key_index::kScaleRows * cx.dp * sizeof(float)) +
+        (count_shared ? blocks * (idx.block_code4_bytes() +
+                                  key_index::kScaleRows * cx.dp * sizeof(float)) +
                             F * row_bytes
                       : 0) +
         exact_pass_bytes;

@@ -1,7 +1,8 @@
 // The key index of one (layer, KV head): 4-bit key codes laid out for VNNI, the low
 // nibbles of nested 8-bit codes for refinement, per-block per-channel scales, and the
-// value-norm bounds the certificate needs. Built once after prefill, appended one token per decoding step. Read-only during
-// certified calls, so calls on several query heads may share it concurrently.
+// value-norm bounds the certificate needs. Built once after prefill, appended one token
+// per decoding step. Read-only during certified calls, so calls on several query heads
+// may share it concurrently.
 #pragma once
 
 #include <certattn/arch/avx512/encode_kernels.hpp>
@@ -244,7 +245,9 @@ class key_index {
   /// Rows of per-channel scales per block: the offset lo and the 4-bit step st4 (the
   /// 8-bit step is st4 / 16).
   static constexpr std::size_t kScaleRows = 2;
-  const float* block_lo(std::size_t b) const noexcept { return scales_.data() + b * kScaleRows * dp_; }
+  const float* block_lo(std::size_t b) const noexcept {
+    return scales_.data() + b * kScaleRows * dp_;
+  }
   const float* block_step4(std::size_t b) const noexcept { return block_lo(b) + dp_; }
   /// Per-token residual norms ||f - 1/2|| of the 4-bit codes, in bytes of
   /// detail::rho_step(padded_dim) rounded up (the Cauchy-Schwarz term of the scan).
@@ -510,8 +513,9 @@ class key_index {
       const float* ps4 = block_step4(b - 1);
       for (std::size_t i = 0; i < d_; ++i) {
         mins_[i] = std::min(mins_[i], plo[i]);
-        maxs_[i] = std::max(maxs_[i], float(std::min(double(plo[i]) + 255.0 * double(detail::step8_of(ps4[i])),
-                                                     double(std::numeric_limits<float>::max()))));
+        const double top = double(plo[i]) + 255.0 * double(detail::step8_of(ps4[i]));
+        maxs_[i] = std::max(maxs_[i],
+                            float(std::min(top, double(std::numeric_limits<float>::max()))));
       }
     }
     float* lo = scales_.data() + b * kScaleRows * dp_;

@@ -282,7 +282,8 @@ inline void prepare_refine_sums(const float* q, const float* st4, std::size_t pa
   for (; o + 8 <= padded_dim; o += 8) {
     for (std::size_t j = 0; j < 8 / nd; ++j) {
       const std::size_t i0 = o + j * nd;
-      const batch_d ab = make_batch<batch_d>([&](std::size_t i) { return double(q[i0 + i] * st4[i0 + i]); });
+      const batch_d ab =
+          make_batch<batch_d>([&](std::size_t i) { return double(q[i0 + i] * st4[i0 + i]); });
       const batch_d a8b = make_batch<batch_d>([&](std::size_t i) {
         const std::size_t ch = i0 + i;
         const float x = q[ch] * (st4[ch] * 0.0625f);  // float: inside the margin

@@ -43,11 +43,6 @@ inline float reduce16(const float* a) noexcept {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/// The low nibble of channel i in a refinement row (channels 2j, 2j + 1 in byte j).
-inline unsigned low_nibble(const std::uint8_t* row, std::size_t i) noexcept {
-  return (row[i / 2] >> (4 * (i & 1))) & 0xFu;
-}
-
 /// Floats of a prepared a8: padded_dim rounded up to whole chunks of 32 channels.
 constexpr std::size_t refine_a_size(std::size_t padded_dim) noexcept {
   return (padded_dim + 31) / 32 * 32;
@@ -175,7 +170,8 @@ CERTATTN_TARGET_AVX512 inline __m512 refine_chunk_avx512(__m512 acc, const float
 CERTATTN_TARGET_AVX512 inline float refine_dot_avx512(const float* a8, const std::uint8_t* low,
                                                       std::size_t padded_dim) noexcept {
   __m512 acc = _mm512_setzero_ps();
-  for (std::size_t o = 0; o < padded_dim; o += 32) acc = refine_chunk_avx512(acc, a8, low, o, padded_dim);
+  for (std::size_t o = 0; o < padded_dim; o += 32)
+    acc = refine_chunk_avx512(acc, a8, low, o, padded_dim);
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, acc);
   return reduce16(lanes);
@@ -232,10 +228,14 @@ CERTATTN_TARGET_AVX2 inline float refine_dot_avx2(const float* a8, const std::ui
     std::memcpy(b, low + o / 2, std::min<std::size_t>(16, (padded_dim - o) / 2));
     const __m128i x = _mm_load_si128(reinterpret_cast<const __m128i*>(b));
     const __m256i w0 = _mm256_cvtepu8_epi32(x), w1 = _mm256_cvtepu8_epi32(_mm_srli_si128(x, 8));
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o), _mm256_cvtepi32_ps(_mm256_and_si256(w0, m)), lo);
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 16), _mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 8), _mm256_cvtepi32_ps(_mm256_and_si256(w1, m)), hi);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 24), _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4)), hi);
+    const __m256 lo0 = _mm256_cvtepi32_ps(_mm256_and_si256(w0, m));
+    const __m256 hi0 = _mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4));
+    const __m256 lo1 = _mm256_cvtepi32_ps(_mm256_and_si256(w1, m));
+    const __m256 hi1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4));
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o), lo0, lo);
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 16), hi0, lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 8), lo1, hi);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a8 + o + 24), hi1, hi);
   }
   alignas(32) float lanes[16];
   _mm256_store_ps(lanes, lo);

@@ -95,8 +95,9 @@ CERTATTN_NO_FP_CONTRACT inline float bound_upper_scalar(float x, std::size_t t, 
   return x;
 }
 
-/// Tokens [t0, t1) of one head's u (indexed by token) transformed into out (may be u); the maxima of
-/// blocks [t0 / 128, ...) over their tokens below t1 into block_max (indexed by block).
+/// Tokens [t0, t1) of one head's u (indexed by token) transformed into out (may be u);
+/// the maxima of blocks [t0 / 128, ...) over their tokens below t1 into block_max (indexed
+/// by block).
 CERTATTN_NO_FP_CONTRACT inline void apply_bound_variant_scalar(const float* u, float* out,
                                                                std::size_t t0, std::size_t t1,
                                                                const bound_variant& b,

@@ -1,11 +1,12 @@
 // AVX-512 quantisation of one key row for the index (key_index::encode_token): the 8-bit
-// codes of 8 channels at a time in double (the 4-bit code is the 8-bit code's high nibble), and the lanes of the residual norm's
-// sum of squares. It computes exactly what the scalar loop of index.hpp computes, bit for
-// bit: the same operations in the same order, without contraction into fmas (GCC would
-// fuse the intrinsics' multiply and add in a function compiled for AVX-512, so this one
-// is compiled with fp-contract off), the same guess-and-correct rule, and the same lane
-// order for the sum. A lane whose guess needs more than one correction step (never seen;
-// the guess is within one) sends the octet to the scalar code.
+// codes of 8 channels at a time in double (the 4-bit code is the 8-bit code's high
+// nibble), and the lanes of the residual norm's sum of squares. It computes exactly what
+// the scalar loop of index.hpp computes, bit for bit: the same operations in the same
+// order, without contraction into fmas (GCC would fuse the intrinsics' multiply and add in
+// a function compiled for AVX-512, so this one is compiled with fp-contract off), the same
+// guess-and-correct rule, and the same lane order for the sum. A lane whose guess needs
+// more than one correction step (never seen; the guess is within one) sends the octet to
+// the scalar code.
 #pragma once
 
 #include <certattn/arch/dispatch.hpp>
