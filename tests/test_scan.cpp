@@ -342,6 +342,29 @@ double mean_slack(const certattn::strided_kv<T>& kv, const certattn::key_index& 
   return sum / double(group * n);
 }
 
+// Gaussian keys and queries at d = 128 (seed 11): the data of the two slack tests below.
+struct gaussian_scan_case {
+  static constexpr std::size_t d = 128, n = 4096, group = 4;
+  std::mt19937_64 rng{11};
+  std::normal_distribution<float> nd;
+  std::vector<half> keys = random_keys();
+  std::vector<half> values = std::vector<half>(n * d, half(1.0f));
+  certattn::strided_kv<half> kv{keys.data(), values.data(), n, d, d, d};
+  certattn::key_index idx{d};
+  std::vector<float> q;
+
+  gaussian_scan_case() {
+    idx.build(kv);
+    q.assign(group * idx.padded_dim(), 0.0f);
+    for (auto& x : q) x = nd(rng);
+  }
+  std::vector<half> random_keys() {
+    std::vector<half> k(n * d);
+    for (auto& x : k) x = half(nd(rng));
+    return k;
+  }
+};
+
 // The query's second int8 plane (arch/scan_prep.hpp) removes nearly all of the first
 // plane's rounding term 15 sum max(e', 0): on Gaussian keys and queries at d = 128 and the
 // softmax scale 1 / sqrt(d) the mean slack u - s is 1.143 nats with it and 1.309 without
@@ -349,18 +372,8 @@ double mean_slack(const certattn::strided_kv<T>& kv, const certattn::key_index& 
 // (fixed seeds, and the bounds are bit-identical on every kernel): the threshold 1.22 sits
 // between the two.
 TEST(ScanTest, TheQueryRemainderPlaneTightensTheBound) {
-  const std::size_t d = 128, n = 4096, group = 4;
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> nd;
-  std::vector<half> keys(n * d);
-  for (auto& k : keys) k = half(nd(rng));
-  const std::vector<half> values(n * d, half(1.0f));
-  const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
-  certattn::key_index idx(d);
-  idx.build(kv);
-  std::vector<float> q(group * idx.padded_dim(), 0.0f);
-  for (auto& x : q) x = nd(rng);
-  const double slack = mean_slack(kv, idx, q, group, 1.0 / std::sqrt(double(d)),
+  const gaussian_scan_case c;
+  const double slack = mean_slack(c.kv, c.idx, c.q, c.group, 1.0 / std::sqrt(double(c.d)),
                                   certattn::detected_isa());
   std::printf("mean 4-bit slack %.4f nats\n", slack);
   EXPECT_LT(slack, 1.22);
@@ -375,18 +388,12 @@ TEST(ScanTest, TheQueryRemainderPlaneTightensTheBound) {
 // rounding term: with the second int8 plane disabled by hand it is 0.265 nats, and the
 // threshold 0.18 between the two fails (as it does when the refinement gives back u).
 TEST(ScanTest, TheNestedRefinementTightensTheBound) {
-  const std::size_t d = 128, n = 4096, group = 4;
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> nd;
-  std::vector<half> keys(n * d);
-  for (auto& k : keys) k = half(nd(rng));
-  const std::vector<half> values(n * d, half(1.0f));
-  const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
-  certattn::key_index idx(d);
-  idx.build(kv);
+  const gaussian_scan_case c;
+  const std::size_t d = c.d, n = c.n, group = c.group;
+  const auto& kv = c.kv;
+  const auto& idx = c.idx;
+  const auto& q = c.q;
   const std::size_t dp = idx.padded_dim(), stride = idx.blocks() * 128;
-  std::vector<float> q(group * dp, 0.0f);
-  for (auto& x : q) x = nd(rng);
   const double scale = 1.0 / std::sqrt(double(d));
   std::vector<certattn::detail::residual_coefficients> res;
   const certattn::isa a = certattn::detected_isa();

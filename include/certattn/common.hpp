@@ -74,6 +74,15 @@ inline float nestable_step4(float st4) noexcept {
 }
 /// The 8-bit step of a nested code: st4 / 16, exact for every nestable_step4().
 inline float step8_of(float st4) noexcept { return st4 * 0.0625f; }
+/// The nested refinement's prepared a8 (arch/refine_kernels.hpp): padded_dim rounded up to
+/// whole chunks of 32 channels, and where channel i goes (per chunk, the even channels,
+/// then the odd ones).
+constexpr std::size_t refine_a_size(std::size_t padded_dim) noexcept {
+  return (padded_dim + 31) / 32 * 32;
+}
+constexpr std::size_t refine_slot(std::size_t i) noexcept {
+  return i / 32 * 32 + (i % 2) * 16 + (i % 32) / 2;
+}
 
 [[noreturn]] inline void assertion_failed(const char* expr, const char* file, int line) {
   std::fprintf(stderr, "certattn: internal assertion failed: %s (%s:%d)\n", expr, file, line);

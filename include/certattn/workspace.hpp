@@ -4,7 +4,6 @@
 // (call_context.hpp) and a head's level loop state (level_loop.hpp), not here.
 #pragma once
 
-#include <certattn/arch/refine_kernels.hpp>
 #include <certattn/common.hpp>
 #include <certattn/dense.hpp>
 #include <certattn/index.hpp>

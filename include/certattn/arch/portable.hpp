@@ -271,23 +271,22 @@ inline float refine_dot(const float* a8, const std::uint8_t* low, std::size_t pa
 }
 
 /// prepare_refine_block()'s sums: a8 = q st8 (float, st8 = st4 / 16) into its slots
-/// (refine_kernels.hpp's refine_slot(); the caller zeroes the padding), and per lane
+/// (refine_slot(), common.hpp; the caller zeroes the padding), and per lane
 /// (channel mod 8) c += max(a8, 0) - a / 2 (a = q st4, float), |a|, |a8| in double.
 inline void prepare_refine_sums(const float* q, const float* st4, std::size_t padded_dim,
                                 float* a8, double* c_out, double* abs_a_out,
                                 double* abs_a8_out) noexcept {
   lanes8 c, abs_a, abs_a8;
   const batch_d zero(0.0), half(0.5);
-  std::size_t o = 0;
-  for (; o + 8 <= padded_dim; o += 8) {
+  for (std::size_t o = 0; o < padded_dim; o += 8) {  // padded_dim is a multiple of 8
     for (std::size_t j = 0; j < 8 / nd; ++j) {
       const std::size_t i0 = o + j * nd;
       const batch_d ab =
           make_batch<batch_d>([&](std::size_t i) { return double(q[i0 + i] * st4[i0 + i]); });
       const batch_d a8b = make_batch<batch_d>([&](std::size_t i) {
         const std::size_t ch = i0 + i;
-        const float x = q[ch] * (st4[ch] * 0.0625f);  // float: inside the margin
-        a8[ch / 32 * 32 + (ch % 2) * 16 + (ch % 32) / 2] = x;
+        const float x = q[ch] * step8_of(st4[ch]);  // float: inside the margin
+        a8[refine_slot(ch)] = x;
         return double(x);
       });
       c.v[j] = c.v[j] + (xsimd::max(a8b, zero) - half * ab);
@@ -298,16 +297,6 @@ inline void prepare_refine_sums(const float* q, const float* st4, std::size_t pa
   c.store(c_out);
   abs_a.store(abs_a_out);
   abs_a8.store(abs_a8_out);
-  for (std::size_t i = 0; o + i < padded_dim; ++i) {  // (none: padded_dim is a multiple of 8)
-    const std::size_t ch = o + i;
-    const float a = q[ch] * st4[ch];
-    const float x = q[ch] * (st4[ch] * 0.0625f);
-    a8[ch / 32 * 32 + (ch % 2) * 16 + (ch % 32) / 2] = x;
-    const double a8d = double(x);
-    c_out[i] += (a8d > 0.0 ? a8d : 0.0) - 0.5 * double(a);
-    abs_a_out[i] += std::fabs(double(a));
-    abs_a8_out[i] += std::fabs(a8d);
-  }
 }
 
 

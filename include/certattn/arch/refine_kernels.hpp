@@ -43,15 +43,6 @@ inline float reduce16(const float* a) noexcept {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/// Floats of a prepared a8: padded_dim rounded up to whole chunks of 32 channels.
-constexpr std::size_t refine_a_size(std::size_t padded_dim) noexcept {
-  return (padded_dim + 31) / 32 * 32;
-}
-/// Where channel i's a8 goes: per chunk of 32, the even channels, then the odd ones.
-constexpr std::size_t refine_slot(std::size_t i) noexcept {
-  return i / 32 * 32 + (i % 2) * 16 + (i % 32) / 2;
-}
-
 /// Per block and query: C8 (rounded up) from the 8 lane sums (channel mod 8, fixed order)
 /// of max(a8, 0) - a / 2, |a| and |a8|, so that the AVX-512 twin gives the same bits.
 inline float finish_refine_block(const double* c, const double* abs_a, const double* abs_a8,
@@ -63,11 +54,16 @@ inline float finish_refine_block(const double* c, const double* abs_a, const dou
   return round_up_to_float(x + std::fabs(x) * 0x1p-40 + 1e-30);
 }
 
+/// The slots of a8 past padded_dim: 0, so that whole chunks of 32 add nothing there.
+inline void zero_refine_padding(float* a8, std::size_t padded_dim) noexcept {
+  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
+}
+
 /// a8 = q st8 into its slots (a8[refine_a_size(padded_dim)], zero past padded_dim) and C8.
 inline float prepare_refine_block_scalar(const float* q, const float* st4, std::size_t padded_dim,
                                          float* a8) noexcept {
   double c[8] = {}, abs_a[8] = {}, abs_a8[8] = {};
-  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
+  zero_refine_padding(a8, padded_dim);
   for (std::size_t i = 0; i < padded_dim; ++i) {
     const float a = q[i] * st4[i];  // the scan's a, bit for bit
     const float x = q[i] * step8_of(st4[i]);
@@ -85,7 +81,7 @@ inline float prepare_refine_block(const float* q, const float* st4, std::size_t 
                                   float* a8) noexcept {
 #if CERTATTN_PORTABLE_SIMD
   alignas(64) double c[8], abs_a[8], abs_a8[8];
-  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
+  zero_refine_padding(a8, padded_dim);
   portable::prepare_refine_sums(q, st4, padded_dim, a8, c, abs_a, abs_a8);
   return finish_refine_block(c, abs_a, abs_a8, padded_dim);
 #else
@@ -100,7 +96,7 @@ CERTATTN_TARGET_AVX512 inline float prepare_refine_block_avx512(const float* q, 
                                                                 float* a8) noexcept {
   __m512d c = _mm512_setzero_pd(), abs_a = c, abs_a8 = c;
   const __m512d zero = _mm512_setzero_pd(), half = _mm512_set1_pd(0.5);
-  for (std::size_t i = padded_dim; i < refine_a_size(padded_dim); ++i) a8[refine_slot(i)] = 0.0f;
+  zero_refine_padding(a8, padded_dim);
   const __m256i even_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   for (std::size_t o = 0; o < padded_dim; o += 8) {  // padded_dim is a multiple of 8
     const __m256 qf = _mm256_loadu_ps(q + o);
