@@ -50,6 +50,9 @@ struct speed_row : run_point {
   // preparations, and cache lines of the rows read at scattered places
   // (group_stats::scattered_lines).
   double refined_per_call = 0, refine_blocks_per_call = 0, lines_per_call = 0;
+  // Pool keys bucketed as candidates per group call (group_stats::candidates): what the
+  // candidate stage writes and sorts, whatever level the heads stop at.
+  double candidates_per_call = 0;
   double dense_gbps = 0, read_gbps = 0, dense_bw_frac = 0;
   // The certified call's time over the time its bytes take at the measured read bandwidth.
   double floor_ratio = 0;
@@ -79,6 +82,7 @@ record to_record(const speed_row& r) {
       {"routed_frac", r.routed_frac},
       {"over_budget_frac", r.over_budget_frac},
       {"sampled_per_head", r.sampled_per_head},
+      {"candidates_per_call", r.candidates_per_call},
       {"refined_per_call", r.refined_per_call},
       {"refine_blocks_per_call", r.refine_blocks_per_call},
       {"scattered_lines_per_call", r.lines_per_call},
@@ -115,7 +119,7 @@ struct step_result {
   double dense_s = 0, certified_s = 0;
   std::size_t keys_read = 0, bytes_read = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
   std::size_t routed = 0, over_budget = 0, sampled = 0;
-  std::size_t refined = 0, refine_blocks = 0, scattered_lines = 0;
+  std::size_t candidates = 0, refined = 0, refine_blocks = 0, scattered_lines = 0;
   double stage_s[6] = {};
   // --block-occupancy: sampled heads counted, and their 128-token blocks and 16-token
   // sub-blocks of the pool holding at least one candidate at the stopping level.
@@ -291,6 +295,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
       r.routed += stats[h].routed;
       r.over_budget += stats[h].over_budget;
       r.sampled += stats[h].sampled;
+      r.candidates += stats[h].candidates;
       r.refined += stats[h].refined;
       r.refine_blocks += stats[h].refine_blocks;
       r.scattered_lines += stats[h].scattered_lines;
@@ -308,7 +313,7 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   std::vector<double> dense, cert, ratio;
   double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, fallbacks = 0;
   double routed = 0, over_budget = 0, sampled = 0, occ_heads = 0, occ_blocks = 0, occ_sub = 0;
-  double refined = 0, refine_blocks = 0, lines = 0;
+  double candidates = 0, refined = 0, refine_blocks = 0, lines = 0;
   for (std::size_t s = warmup; s < all.size(); ++s) {
     const step_result& r = all[s];
     dense.push_back(r.dense_s);
@@ -322,6 +327,7 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
     routed += double(r.routed);
     over_budget += double(r.over_budget);
     sampled += double(r.sampled);
+    candidates += double(r.candidates);
     refined += double(r.refined);
     refine_blocks += double(r.refine_blocks);
     lines += double(r.scattered_lines);
@@ -350,6 +356,7 @@ speed_row summarise(const std::vector<step_result>& all, std::size_t warmup, std
   row.over_budget_frac = over_budget / calls;
   row.sampled_per_head = sampled / calls;
   const double group_calls = steps * double(H);
+  row.candidates_per_call = candidates / group_calls;
   row.refined_per_call = refined / group_calls;
   row.refine_blocks_per_call = refine_blocks / group_calls;
   row.lines_per_call = lines / group_calls;
@@ -404,7 +411,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   headers.push_back("<cert");
   headers.push_back("<route");
   if (many_positions) headers.push_back("pos");
-  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "refined/call",
+  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "cand/call", "refined/call",
                         "lines/call", "certified %", "exact %", "dense GB/s", "of read bw", "x floor"})
     headers.push_back(h);
   text_table table(headers);
@@ -423,6 +430,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     c.push_back(strf("%.2f", 100.0 * r.keys_read_frac));
     c.push_back(strf("%.0f", r.keys_read_per_head));
     c.push_back(strf("%.1f", 100.0 * r.bytes_read_frac));
+    c.push_back(strf("%.0f", r.candidates_per_call));
     c.push_back(strf("%.0f", r.refined_per_call));
     c.push_back(strf("%.0f", r.lines_per_call));
     c.push_back(strf("%.1f", 100.0 * r.certified_frac));
@@ -437,14 +445,14 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   std::printf(
       "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, %s); speedup = median of "
       "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
-      "group_stats.bytes_read / dense_bytes (K and V once); refined/call, lines/call = 8-bit refinements and "
-      "cache lines of rows read at scattered places (8-bit codes, 8-bit block scales, pool keys and values) per "
-      "group call (one KV head); cert = tight (every step after the first hinted with "
+      "group_stats.bytes_read / dense_bytes (K and V once); cand/call, refined/call, lines/call = pool keys bucketed "
+      "as candidates, 8-bit refinements and cache lines of rows read at scattered places (8-bit codes' low "
+      "nibbles, 4-bit step rows, pool keys and values) per group call (one KV head); cert = tight (every step after the first hinted with "
       "the levels of the step before) or classic (the paper's).\nroute = options.route (auto: group_history "
       "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
       "exact %% = query heads answered by exact attention (routed, over budget or fallback).\npos = query positions "
       "per call (--positions: attend_positions() against the causal dense kernel dense_attend_positions(); keys/head "
-      "and certified %% per query head and position, refined/call and lines/call per call).\nx floor = cert ms / "
+      "and certified %% per query head and position, cand/call, refined/call and lines/call per call).\nx floor = cert ms / "
       "(the call's bytes at the read bandwidth measured with as many threads): 1 is a call at its memory floor.\n",
       f.reps, f.kv_heads, f.group, f.head_dim,
       dtypes ? "dense = the dense kernel over the cache in its dtype" : "fp16");
