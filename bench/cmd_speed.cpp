@@ -411,8 +411,9 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   headers.push_back("<cert");
   headers.push_back("<route");
   if (many_positions) headers.push_back("pos");
-  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "cand/call", "refined/call",
-                        "lines/call", "certified %", "exact %", "dense GB/s", "of read bw", "x floor"})
+  for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "cand/call",
+                        "refined/call", "lines/call", "certified %", "exact %", "dense GB/s", "of read bw",
+                        "x floor"})
     headers.push_back(h);
   text_table table(headers);
   for (const speed_row& r : rows) {
@@ -445,15 +446,16 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   std::printf(
       "\nmedians over %zu steps (one layer, all %zu KV heads, G = %zu, head_dim %zu, %s); speedup = median of "
       "per-step dense/certified ratios.\nkeys %% = exact key rows read per query head / context; bytes %% = "
-      "group_stats.bytes_read / dense_bytes (K and V once); cand/call, refined/call, lines/call = pool keys bucketed "
-      "as candidates, 8-bit refinements and cache lines of rows read at scattered places (8-bit codes' low "
-      "nibbles, 4-bit step rows, pool keys and values) per group call (one KV head); cert = tight (every step after the first hinted with "
-      "the levels of the step before) or classic (the paper's).\nroute = options.route (auto: group_history "
-      "routes groups whose sparse path lost to the dense kernel, and a group stops sampling at sample_budget()); "
-      "exact %% = query heads answered by exact attention (routed, over budget or fallback).\npos = query positions "
-      "per call (--positions: attend_positions() against the causal dense kernel dense_attend_positions(); keys/head "
-      "and certified %% per query head and position, cand/call, refined/call and lines/call per call).\nx floor = cert ms / "
-      "(the call's bytes at the read bandwidth measured with as many threads): 1 is a call at its memory floor.\n",
+      "group_stats.bytes_read / dense_bytes (K and V once); cand/call, refined/call, lines/call = pool keys "
+      "bucketed as candidates, 8-bit refinements and cache lines of rows read at scattered places (8-bit "
+      "codes' low nibbles, 4-bit step rows, pool keys and values) per group call (one KV head); cert = tight "
+      "(every step after the first hinted with the levels of the step before) or classic (the paper's).\n"
+      "route = options.route (auto: group_history routes groups whose sparse path lost to the dense kernel, "
+      "and a group stops sampling at sample_budget()); exact %% = query heads answered by exact attention "
+      "(routed, over budget or fallback).\npos = query positions per call (--positions: attend_positions() "
+      "against the causal dense kernel dense_attend_positions(); keys/head and certified %% per query head and "
+      "position, cand/call, refined/call and lines/call per call).\nx floor = cert ms / (the call's bytes at "
+      "the read bandwidth measured with as many threads): 1 is a call at its memory floor.\n",
       f.reps, f.kv_heads, f.group, f.head_dim,
       dtypes ? "dense = the dense kernel over the cache in its dtype" : "fp16");
 
