@@ -12,7 +12,8 @@
 // row), GBps (cache bytes read per second). The head-major runs cycle over enough heads
 // that the cache (>= 256 MiB) cannot stay in the 32 MiB L3: every call streams from DRAM,
 // as a decode step does. Arguments: G, n_tokens, isa (0 scalar, 1 avx2, 2 avx512),
-// element type (0 fp16, 1 bf16, 2 fp32). Times are CPU times (the machine may be shared).
+// element type (0 fp16, 1 bf16, 2 fp32, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2; GBps counts
+// the format's own bytes). Times are CPU times (the machine may be shared).
 // In the tree it is part of certattn-micro (bench/CMakeLists.txt globs bench/micro_*.cpp).
 // Alone:
 //   g++ -std=c++20 -O2 -Iinclude -I/usr/include/eigen3 bench/micro_dense.cpp -o micro_dense
@@ -29,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include <certattn/arch/macros.hpp>  // CERTATTN_X86 and the kernel attributes
@@ -37,14 +39,17 @@ namespace {
 
 using certattn::isa;
 
+// Buffers as the library allocates its own and the bench its caches: on huge pages where
+// the kernel allows (TLB misses would otherwise dominate a stream over 256 MiB).
 struct free_deleter {
-  void operator()(void* p) const noexcept { std::free(p); }
+  std::size_t bytes = 0;
+  void operator()(void* p) const noexcept { certattn::detail::free_large(p, bytes); }
 };
 
 template <class T>
 std::unique_ptr<T[], free_deleter> alloc_random(std::size_t count, std::uint64_t seed) {
-  const std::size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
-  T* p = static_cast<T*>(std::aligned_alloc(4096, bytes));
+  const std::size_t bytes = count * sizeof(T);
+  T* p = static_cast<T*>(certattn::detail::allocate_large(bytes));
   // A cheap generator: filling hundreds of MiB with <random> would dominate the run.
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (std::size_t i = 0; i < count; ++i) {
@@ -53,7 +58,86 @@ std::unique_ptr<T[], free_deleter> alloc_random(std::size_t count, std::uint64_t
     x ^= x << 17;
     p[i] = T(float(std::int64_t(x >> 40) - (1 << 23)) * (1.0f / float(1 << 23)));
   }
-  return std::unique_ptr<T[], free_deleter>(p);
+  return std::unique_ptr<T[], free_deleter>(p, free_deleter{bytes});
+}
+
+// A quantized cache of `units` storage units (blocks or fp8 codes) filled with random codes
+// directly (quantizing hundreds of MiB of floats would dominate the run): block scales of
+// 2^-14..2^-8 (normal fp16); fp8 codes of values in (-1, 1), e4m3's with a view scale.
+constexpr float kFp8Scale = 1.0f / 256.0f;
+template <certattn::quantized_element T>
+std::unique_ptr<T[], free_deleter> alloc_random_codes(std::size_t units, std::uint64_t seed) {
+  const std::size_t bytes = units * sizeof(T);
+  T* p = static_cast<T*>(certattn::detail::allocate_large(bytes));
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (std::size_t i = 0; i < units; ++i) {
+    if constexpr (std::is_same_v<T, certattn::block_q8_0> ||
+                  std::is_same_v<T, certattn::block_q4_0>) {
+      p[i].d = certattn::half(float(1 + next() % 64) * 0x1p-14f);
+      for (auto& q : p[i].qs) q = static_cast<std::remove_reference_t<decltype(q)>>(next() >> 56);
+    } else {
+      // The code of a value uniform in (-1, 1) (/ kFp8Scale for e4m3), through its fp16
+      // bits, truncated: what a cache scaled to its range holds (values far below the
+      // range's top are rare, and their codes are zero here).
+      const float v = float(std::int64_t(next() >> 40) - (1 << 23)) * (1.0f / float(1 << 23));
+      std::uint16_t h;
+      const certattn::half hv(std::is_same_v<T, certattn::fp8_e4m3> ? v / kFp8Scale : v);
+      std::memcpy(&h, &hv, 2);
+      if constexpr (std::is_same_v<T, certattn::fp8_e4m3>) {
+        const int e = int((h >> 10) & 31) - 8;  // e4m3's exponent field
+        p[i].bits = std::uint8_t(((h >> 8) & 0x80) | (e >= 1 ? (e << 3) | ((h >> 7) & 7) : 0));
+      } else {
+        p[i].bits = std::uint8_t(h >> 8);
+      }
+    }
+  }
+  return std::unique_ptr<T[], free_deleter>(p, free_deleter{bytes});
+}
+
+/// `rows` rows of head_dim channels of T: floats rounded to T, or random codes.
+template <class T>
+std::unique_ptr<T[], free_deleter> alloc_cache(std::size_t head_dim, std::size_t rows,
+                                               std::uint64_t seed) {
+  if constexpr (certattn::quantized_element<T>)
+    return alloc_random_codes<T>(certattn::format_traits<T>::units(head_dim) * rows, seed);
+  else
+    return alloc_random<T>(head_dim * rows, seed);
+}
+
+/// The element type of the benches' `type` argument: 0 fp16, 1 bf16, 2 fp32, 3 q8_0,
+/// 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2.
+template <class F>
+void with_type(long type, F&& f) {
+  switch (type) {
+    case 0: f(certattn::half{}); break;
+    case 1: f(certattn::bfloat16{}); break;
+    case 2: f(float{}); break;
+    case 3: f(certattn::block_q8_0{}); break;
+    case 4: f(certattn::block_q4_0{}); break;
+    case 5: f(certattn::fp8_e4m3{}); break;
+    default: f(certattn::fp8_e5m2{}); break;
+  }
+}
+
+/// The view with e4m3's scale (the codes were made for it).
+template <class T>
+certattn::strided_kv<T> with_fp8_scales(const certattn::strided_kv<T>& kv) {
+  if constexpr (std::is_same_v<T, certattn::fp8_e4m3>)
+    return kv.with_scales({kFp8Scale, kFp8Scale});
+  else
+    return kv;
+}
+
+/// Cache bytes of one row of head_dim channels of T.
+template <class T>
+std::size_t row_bytes(std::size_t head_dim) {
+  return certattn::format_traits<T>::units(head_dim) * sizeof(T);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -157,11 +241,11 @@ template <class T>
 void dense_hnd_impl(benchmark::State& state) {
   const std::size_t G = std::size_t(state.range(0)), n = std::size_t(state.range(1)), d = 128;
   if (!set_isa(state, int(state.range(2)))) return;
-  const std::size_t per_head = n * d, min_bytes = std::size_t(256) << 20;
-  std::size_t heads = (min_bytes + 2 * per_head * sizeof(T) - 1) / (2 * per_head * sizeof(T));
-  heads = heads < 1 ? 1 : heads;
-  auto keys = alloc_random<T>(heads * per_head, 2);
-  auto values = alloc_random<T>(heads * per_head, 3);
+  const std::size_t units = certattn::format_traits<T>::units(d);
+  const std::size_t head_bytes = 2 * n * row_bytes<T>(d), min_bytes = std::size_t(256) << 20;
+  const std::size_t heads = std::max<std::size_t>(1, (min_bytes + head_bytes - 1) / head_bytes);
+  auto keys = alloc_cache<T>(d, heads * n, 2);
+  auto values = alloc_cache<T>(d, heads * n, 3);
   std::vector<float> q(G * d), out(G * d);
   std::mt19937 rng(4);
   std::normal_distribution<float> N(0.0f, 1.0f);
@@ -169,32 +253,22 @@ void dense_hnd_impl(benchmark::State& state) {
   certattn::dense_workspace ws(G, d);
   std::size_t h = 0;
   for (auto _ : state) {
-    const auto kv = certattn::hnd_view(keys.get(), values.get(), n, n, heads, d, h);
+    const auto kv = with_fp8_scales(certattn::strided_kv<T>(
+        keys.get() + h * n * units, values.get() + h * n * units, n, d, units, units));
     certattn::dense_attend(q, G, kv, 0.0f, out, ws);
     benchmark::DoNotOptimize(out.data());
     h = h + 1 == heads ? 0 : h + 1;
   }
   certattn::set_isa_cap(isa::kAvx512Vnni);
-  const double bytes = double(2 * per_head * sizeof(T));
   state.counters["ns_per_token"] =
       benchmark::Counter(double(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
                                                benchmark::Counter::kInvert);
   state.counters["GBps"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(double(head_bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void dense_hnd(benchmark::State& state) {
-  switch (state.range(3)) {
-    case 0:
-      dense_hnd_impl<certattn::half>(state);
-      break;
-    case 1:
-      dense_hnd_impl<certattn::bfloat16>(state);
-      break;
-    default:
-      dense_hnd_impl<float>(state);
-      break;
-  }
+  with_type(state.range(3), [&state](auto t) { dense_hnd_impl<decltype(t)>(state); });
 }
 
 void hnd_args(benchmark::internal::Benchmark* b) {
@@ -207,20 +281,23 @@ void hnd_args(benchmark::internal::Benchmark* b) {
     b->Args({G, 32768, 1, 0});  // AVX2
     b->Args({G, 32768, 0, 0});  // scalar
   }
+  for (long n : {32768L, 131072L})
+    for (long type : {3L, 4L, 5L, 6L}) b->Args({4, n, 2, type});  // the quantized formats
 }
 BENCHMARK(dense_hnd)->Apply(hnd_args)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 
 // Cache-resident: one head of 1024 tokens (512 KiB at fp16), the same every call, so the
-// kernel's arithmetic is measured without DRAM.
-void dense_hot(benchmark::State& state) {
-  using T = certattn::half;
+// kernel's arithmetic is measured without DRAM. Arguments: G, isa, element type.
+template <class T>
+void dense_hot_impl(benchmark::State& state) {
   const std::size_t G = std::size_t(state.range(0)), n = 1024, d = 128;
   if (!set_isa(state, int(state.range(1)))) return;
-  auto keys = alloc_random<T>(n * d, 2);
-  auto values = alloc_random<T>(n * d, 3);
+  const std::size_t units = certattn::format_traits<T>::units(d);
+  auto keys = alloc_cache<T>(d, n, 2);
+  auto values = alloc_cache<T>(d, n, 3);
   std::vector<float> q(G * d, 0.1f), out(G * d);
   certattn::dense_workspace ws(G, d);
-  const auto kv = certattn::hnd_view(keys.get(), values.get(), n, n, 1, d, 0);
+  const auto kv = with_fp8_scales(certattn::strided_kv<T>(keys.get(), values.get(), n, d, units, units));
   for (auto _ : state) {
     certattn::dense_attend(q, G, kv, 0.0f, out, ws);
     benchmark::DoNotOptimize(out.data());
@@ -230,11 +307,16 @@ void dense_hot(benchmark::State& state) {
       benchmark::Counter(double(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
                                                benchmark::Counter::kInvert);
 }
+void dense_hot(benchmark::State& state) {
+  with_type(state.range(2), [&state](auto t) { dense_hot_impl<decltype(t)>(state); });
+}
 BENCHMARK(dense_hot)
-    ->ArgNames({"G", "isa"})
-    ->ArgsProduct({{1, 4, 8}, {2}})
-    ->Args({4, 1})
-    ->Args({4, 0})
+    ->ArgNames({"G", "isa", "type"})
+    ->ArgsProduct({{1, 4, 8}, {2}, {0}})
+    ->ArgsProduct({{1, 4}, {2}, {3, 4, 5, 6}})
+    ->Args({4, 1, 0})
+    ->Args({4, 0, 0})
+    ->Args({4, 1, 3})
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);
 

@@ -1,7 +1,8 @@
 // AVX-512 dense attention kernel: one chunk of 16 tokens of one KV head for the G queries
 // that share it (the interface is dense_chunk_args, arch/scalar/dense_kernels.hpp): score
 // tiles for all queries, one online-softmax step, the value pass. Each key and value row
-// is read from memory once for the whole group, and the rows one chunk ahead are
+// is read from memory once for the whole group, quantized rows decoded in registers
+// (row_loader), and the rows the prefetch distance ahead (dense_prefetch_distance) are
 // prefetched meanwhile. Compiled with function target attributes so that the binary still
 // runs on CPUs without AVX-512.
 #pragma once
@@ -70,51 +71,32 @@ CERTATTN_TARGET_AVX512 inline __m512 load16_masked(const T* p, __mmask16 m) {
   }
 }
 
-/// Sixteen channels [c, c + 16) of a row of T as floats (c a multiple of 16): a 16-bit,
-/// float or double row's elements, or a quantized row decoded in registers, the bits of
-/// decode_row() (formats.hpp): d * q, d * (nibble - 8), fl(scale * fp8 value).
+/// The channels of a row of T as floats: a 16-bit, float or double row's elements, or a
+/// quantized row through its decoder (arch/decode_kernels.hpp; the bits of decode_row()).
+/// Made once per chunk from the view's fp8 scale.
 template <class T>
-CERTATTN_TARGET_AVX512 inline __m512 load16_at(const T* row, std::size_t c, float scale) {
-  if constexpr (std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>) {
-    (void)scale;
-    const T& b = row[c / 32];
-    std::uint16_t dbits;
-    std::memcpy(&dbits, &b.d, 2);
-    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(short(dbits)));
-    if constexpr (std::is_same_v<T, block_q8_0>) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + c % 32));
-      return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-    } else {
-      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-      if (c % 32 != 0) q = _mm_srli_epi16(q, 4);
-      q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-      return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q),
-                                                                  _mm512_set1_epi32(8))));
-    }
-  } else if constexpr (fp8_element<T>) {
-    const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
-    return _mm512_mul_ps(_mm512_set1_ps(scale), fp8_to_float_avx512(T{}, code));
-  } else {
-    (void)scale;
-    return load16(row + c);
+struct row_loader {
+  CERTATTN_TARGET_AVX512 explicit row_loader(float) {}
+  /// Channels [c, c + 16), c a multiple of 16.
+  CERTATTN_TARGET_AVX512 __m512 load16(const T* row, std::size_t c) const { return dense::load16(row + c); }
+  /// The channels of mask m only (zeros elsewhere, nothing read past them).
+  CERTATTN_TARGET_AVX512 __m512 load16_masked(const T* row, std::size_t c, __mmask16 m) const {
+    return dense::load16_masked(row + c, m);
   }
-}
+  /// Channels [c, c + 32), c a multiple of 32.
+  CERTATTN_TARGET_AVX512 void load32(const T* row, std::size_t c, __m512& lo, __m512& hi) const {
+    lo = dense::load16(row + c);
+    hi = dense::load16(row + c + 16);
+  }
+};
+template <quantized_element T>
+struct row_loader<T> : avx512_decoder<T> {
+  using avx512_decoder<T>::avx512_decoder;
+};
 
-/// The same for the channels of mask m only (zeros elsewhere, nothing read past them).
+/// Whether T's rows decode 32 channels at a time more cheaply than 16 (one block scale).
 template <class T>
-CERTATTN_TARGET_AVX512 inline __m512 load16_masked_at(const T* row, std::size_t c, __mmask16 m,
-                                                      float scale) {
-  if constexpr (std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>) {
-    // Block rows hold whole blocks of 32 channels: [c, c + 16) is always inside the row.
-    return _mm512_maskz_mov_ps(m, load16_at(row, c, scale));
-  } else if constexpr (fp8_element<T>) {
-    const __m256i code = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row + c));
-    return _mm512_maskz_mul_ps(m, _mm512_set1_ps(scale), fp8_to_float_avx512(T{}, code));
-  } else {
-    (void)scale;
-    return load16_masked(row + c, m);
-  }
-}
+inline constexpr bool decodes_by_32 = std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>;
 
 /// Bytes of a row of n channels of T (for prefetches).
 template <class T>
@@ -182,6 +164,7 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
   float* s = a.scores + g0 * C;
   const __m512 big = _mm512_set1_ps(std::numeric_limits<float>::max());
   const __m512 neg_big = _mm512_set1_ps(-std::numeric_limits<float>::max());
+  const row_loader<T> load(a.key_scale);
   for (std::size_t t = 0; t < a.n; t += TB) {
     const T* rows[TB];
 #pragma GCC unroll 16
@@ -193,13 +176,32 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (std::size_t j = 0; j < full; ++j) {
+    std::size_t j = 0;
+    if constexpr (decodes_by_32<T>) {  // head_dim is a multiple of 32: no odd block, no tail
+      for (; j < full; j += 2) {
+        __m512 q0[GB], q1[GB];
+#pragma GCC unroll 4
+        for (int g = 0; g < GB; ++g) {
+          q0[g] = _mm512_loadu_ps(q + g * a.q_stride + 16 * j);
+          q1[g] = _mm512_loadu_ps(q + g * a.q_stride + 16 * j + 16);
+        }
+#pragma GCC unroll 16
+        for (int u = 0; u < TB; ++u) {
+          __m512 k0, k1;
+          load.load32(rows[u], 16 * j, k0, k1);
+#pragma GCC unroll 4
+          for (int g = 0; g < GB; ++g)
+            acc[g * TB + u] = _mm512_fmadd_ps(q1[g], k1, _mm512_fmadd_ps(q0[g], k0, acc[g * TB + u]));
+        }
+      }
+    }
+    for (; j < full; ++j) {
       __m512 qv[GB];
 #pragma GCC unroll 4
       for (int g = 0; g < GB; ++g) qv[g] = _mm512_loadu_ps(q + g * a.q_stride + 16 * j);
 #pragma GCC unroll 16
       for (int u = 0; u < TB; ++u) {
-        const __m512 k = load16_at(rows[u], 16 * j, a.key_scale);
+        const __m512 k = load.load16(rows[u], 16 * j);
 #pragma GCC unroll 4
         for (int g = 0; g < GB; ++g) acc[g * TB + u] = _mm512_fmadd_ps(qv[g], k, acc[g * TB + u]);
       }
@@ -210,7 +212,7 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
       for (int g = 0; g < GB; ++g) qv[g] = _mm512_loadu_ps(q + g * a.q_stride + 16 * full);
 #pragma GCC unroll 16
       for (int u = 0; u < TB; ++u) {
-        const __m512 k = load16_masked_at(rows[u], 16 * full, tail, a.key_scale);
+        const __m512 k = load.load16_masked(rows[u], 16 * full, tail);
 #pragma GCC unroll 4
         for (int g = 0; g < GB; ++g) acc[g * TB + u] = _mm512_fmadd_ps(qv[g], k, acc[g * TB + u]);
       }
@@ -310,6 +312,7 @@ CERTATTN_TARGET_AVX512 inline void value_block(const dense_chunk_args& a, std::s
   constexpr std::size_t C = dense_chunk_tokens;
   const float* w = a.scores + g0 * C;
   const std::size_t col0 = 16 * b0;
+  const row_loader<T> load(a.value_scale);
   __m512 acc[GB * NB];
 #pragma GCC unroll 32
   for (int i = 0; i < GB * NB; ++i) acc[i] = _mm512_setzero_ps();
@@ -321,12 +324,25 @@ CERTATTN_TARGET_AVX512 inline void value_block(const dense_chunk_args& a, std::s
     __m512 wv[GB];
 #pragma GCC unroll 4
     for (int g = 0; g < GB; ++g) wv[g] = _mm512_set1_ps(w[g * C + t]);
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) {
-      const __m512 x = b + 1 < NB ? load16_at(v, col0 + 16 * b, a.value_scale)
-                                  : load16_masked_at(v, col0 + 16 * b, last, a.value_scale);
+    if constexpr (decodes_by_32<T> && NB % 2 == 0) {  // value_pass: b0 even, no tail
 #pragma GCC unroll 4
-      for (int g = 0; g < GB; ++g) acc[g * NB + b] = _mm512_fmadd_ps(wv[g], x, acc[g * NB + b]);
+      for (int b = 0; b < NB; b += 2) {
+        __m512 x0, x1;
+        load.load32(v, col0 + 16 * b, x0, x1);
+#pragma GCC unroll 4
+        for (int g = 0; g < GB; ++g) {
+          acc[g * NB + b] = _mm512_fmadd_ps(wv[g], x0, acc[g * NB + b]);
+          acc[g * NB + b + 1] = _mm512_fmadd_ps(wv[g], x1, acc[g * NB + b + 1]);
+        }
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int b = 0; b < NB; ++b) {
+        const __m512 x = b + 1 < NB ? load.load16(v, col0 + 16 * b)
+                                    : load.load16_masked(v, col0 + 16 * b, last);
+#pragma GCC unroll 4
+        for (int g = 0; g < GB; ++g) acc[g * NB + b] = _mm512_fmadd_ps(wv[g], x, acc[g * NB + b]);
+      }
     }
   }
 #pragma GCC unroll 4
@@ -365,13 +381,15 @@ constexpr std::size_t value_groups(std::size_t head_dim) {
 template <class T, int GB>
 CERTATTN_TARGET_AVX512 inline void value_pass(const dense_chunk_args& a, std::size_t g0) {
   constexpr std::size_t nb_max = GB <= 2 ? 8 : 4;
-  const std::size_t blocks = (a.value_dim + 15) / 16;
+  // Rows decoded 32 channels at a time are split into pairs of blocks (value_dim % 32 == 0).
+  constexpr std::size_t unit = decodes_by_32<T> ? 2 : 1;
+  const std::size_t blocks = (a.value_dim + 15) / 16, units = blocks / unit;
   const std::size_t rem = a.value_dim % 16;
   const __mmask16 tail = rem == 0 ? __mmask16(0xFFFF) : __mmask16((1u << rem) - 1u);
   const std::size_t groups = value_groups<GB>(a.value_dim);
   std::size_t b0 = 0;
   for (std::size_t i = 0; i < groups; ++i) {
-    const std::size_t nb = blocks / groups + (i < blocks % groups ? 1 : 0);
+    const std::size_t nb = unit * (units / groups + (i < units % groups ? 1 : 0));
     const __mmask16 last = b0 + nb == blocks ? tail : __mmask16(0xFFFF);
     value_block_n<T, GB, int(nb_max)>(a, g0, b0, nb, last, g0 == 0 && i == 0);
     b0 += nb;
