@@ -76,9 +76,12 @@ class layer_cache {
   std::size_t heads() const noexcept { return heads_; }
   std::size_t head_dim() const noexcept { return d_; }
   cache_format format() const noexcept { return format_; }
-  /// Token-major fp16 rows (nhd, fp16 only): [tokens][kv_heads][head_dim].
-  const half* keys() const noexcept { return reinterpret_cast<const half*>(k_); }
-  const half* values() const noexcept { return reinterpret_cast<const half*>(v_); }
+  /// Token-major rows (nhd) as T, the cache's element type: [tokens][kv_heads][head_dim]
+  /// elements, or head_dim / 32 blocks per head.
+  template <kv_element T = half>
+  const T* keys() const noexcept { return reinterpret_cast<const T*>(k_); }
+  template <kv_element T = half>
+  const T* values() const noexcept { return reinterpret_cast<const T*>(v_); }
   /// K and V bytes of the first n tokens of every head: what dense attention reads.
   std::size_t kv_bytes(std::size_t n) const noexcept { return 2 * n * heads_ * row_bytes_; }
 

@@ -156,7 +156,9 @@ void add_block_occupancy(const attend_workspace& ws, std::span<const certificate
 
 /// Dense attention over a token-major layer with a pool: one dense_attend_nhd_layer pass
 /// per thread over its own range of tokens (flash-decoding's split-K), then the partial
-/// softmax states merged. A single thread makes one pass over the whole layer.
+/// softmax states merged. A single thread makes one pass over the whole layer. The
+/// formats a layer call reads: fp16, bf16 and ggml's blocks (an fp8 cache is read head by
+/// head, with its scales).
 class nhd_dense_split {
  public:
   nhd_dense_split(std::size_t threads, std::size_t n, std::size_t rows, std::size_t d) : rows_(rows), d_(d) {
@@ -170,18 +172,38 @@ class nhd_dense_split {
   }
   std::size_t parts() const noexcept { return bounds_.size() - 1; }
 
+  static bool reads(cache_format f) noexcept {
+    return f == cache_format::f16 || f == cache_format::bf16 || f == cache_format::q8_0 ||
+           f == cache_format::q4_0;
+  }
+
   void run(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale, thread_pool& pool,
            std::vector<dense_workspace>& ws, std::span<float> out) {
-    const std::size_t H = lc.heads(), d = d_, row = H * d;
+#if !CERTATTN_BENCH_F16_ONLY
+    switch (lc.format()) {
+      case cache_format::bf16: return run_as<bfloat16>(lc, q, group, scale, pool, ws, out);
+      case cache_format::q8_0: return run_as<block_q8_0>(lc, q, group, scale, pool, ws, out);
+      case cache_format::q4_0: return run_as<block_q4_0>(lc, q, group, scale, pool, ws, out);
+      default: break;
+    }
+#endif
+    run_as<half>(lc, q, group, scale, pool, ws, out);
+  }
+
+ private:
+  template <class T>
+  void run_as(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale,
+              thread_pool& pool, std::vector<dense_workspace>& ws, std::span<float> out) {
+    const std::size_t H = lc.heads(), d = d_, row = H * format_traits<T>::units(d);
     if (parts() == 1) {
-      dense_attend_nhd_layer<half>(q, H, group, lc.keys(), lc.values(), lc.tokens(), d, scale, out, ws[0]);
+      dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>(), lc.values<T>(), lc.tokens(), d, scale, out, ws[0]);
       return;
     }
     using A = detail::dense_workspace_access;
     pool.parallel_for(parts(), [&](std::size_t p, std::size_t w) {
       const std::size_t t0 = bounds_[p], t1 = bounds_[p + 1];
-      dense_attend_nhd_layer<half>(q, H, group, lc.keys() + t0 * row, lc.values() + t0 * row, t1 - t0, d,
-                                   scale, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
+      dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>() + t0 * row, lc.values<T>() + t0 * row, t1 - t0, d,
+                                scale, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
       // The layer call leaves each row's running max and sum in the workspace.
       std::copy_n(A::max_scores(ws[w]), rows_, max_.data() + p * rows_);
       std::copy_n(A::sums(ws[w]), rows_, sum_.data() + p * rows_);
@@ -202,7 +224,6 @@ class nhd_dense_split {
     }
   }
 
- private:
   std::size_t rows_, d_;
   std::vector<std::size_t> bounds_;
   std::vector<float> out_, max_, sum_;
@@ -243,7 +264,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
                                std::span<float>(out_dense.data() + h * PG * dv, PG * dv), ws.dense[w],
                                variant.head(h));
       });
-    } else if (lc.kind() == layout_kind::kNhd && lc.format() == cache_format::f16) {
+    } else if (lc.kind() == layout_kind::kNhd && nhd_dense_split::reads(lc.format())) {
       nhd.run(lc, q, G, scale, pool, ws.dense, out_dense);
     } else {
       pool.parallel_for(H, [&](std::size_t h, std::size_t w) {

@@ -483,14 +483,23 @@ void dense_attend_positions(std::span<const float> queries, std::size_t position
   detail::dense_normalise(out.data(), l.data(), rows, dv, out.data());
 }
 
+/// The element types of a token-major layer call: 16-bit, float and double elements, and
+/// ggml's blocks (a llama.cpp q8_0 or q4_0 cache tensor, rows of kv_heads * head_dim / 32
+/// blocks). An fp8 cache needs its scales, which a layer's pointers do not carry: read it
+/// head by head (nhd_view(...).with_scales()).
+template <class T>
+concept nhd_layer_element =
+    cache_element<T> || std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>;
+
 /// Partial softmax state (as dense_partial) of all KV heads of one layer of a token-major
 /// cache ([token][kv_heads][head_dim], llama.cpp's layout) over its tokens [0, n_tokens),
 /// in one pass over the rows: per chunk of tokens every head is processed while the chunk
-/// is in cache, instead of one pass per head striding kv_heads * head_dim elements per
-/// token. Split the tokens between threads (flash-decoding's split-K) by offsetting keys
-/// and values and merging the states. queries and acc [kv_heads][group][head_dim];
-/// max_scores and sums [kv_heads][group]; ws sized for (group, head_dim, kv_heads).
-template <cache_element T>
+/// is in cache, instead of one pass per head striding a whole token row per token. Split
+/// the tokens between threads (flash-decoding's split-K) by offsetting keys and values
+/// (by token rows: kv_heads * head_dim elements, or kv_heads * head_dim / 32 blocks) and
+/// merging the states. queries and acc [kv_heads][group][head_dim]; max_scores and sums
+/// [kv_heads][group]; ws sized for (group, head_dim, kv_heads).
+template <nhd_layer_element T>
 void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_heads,
                              std::size_t group, const T* keys, const T* values,
                              std::size_t n_tokens, std::size_t head_dim, float softmax_scale,
@@ -502,6 +511,7 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
   if (head_dim == 0) throw error("head_dim must be > 0");
   if (n_tokens > 0 && (keys == nullptr || values == nullptr))
     throw error("keys and values must not be null");
+  check_row_channels<T>(head_dim, "head_dim");
   const std::size_t rows = kv_heads * group, qs = detail::dense_round16(head_dim);
   detail::dense_check_size(queries.size(), rows * head_dim, "queries",
                            "kv_heads * group * head_dim");
@@ -526,20 +536,34 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
   args.alpha = A::alpha(ws);
   args.chunk_acc = A::chunk_acc(ws);
   args.acc_stride = head_dim;
-  args.prefetch_distance = detail::dense_min_prefetch_rows;
+  // A block format without the AVX-512 kernel: each head's rows decoded into the float
+  // tile, one unit at a time (as dense_partial does).
+  detail::dense_chunk_fn kernel = nullptr;
+  if constexpr (quantized_element<T>) kernel = detail::select_quantized_dense_kernel<T>();
+  const bool decoded = quantized_element<T> && kernel == nullptr;
+  if (kernel == nullptr) kernel = detail::select_dense_kernel<std::conditional_t<cache_element<T>, T, float>>();
+  args.prefetch_distance = decoded ? 0 : detail::dense_min_prefetch_rows;
   // Units run chunk-major: every head of a chunk of tokens, then the next chunk, so each
   // token row ([kv_heads][head_dim], contiguous) is fetched from memory once.
   constexpr std::size_t C = detail::dense_chunk_tokens;
-  const std::size_t row = kv_heads * head_dim;  // elements per token
-  const std::size_t chunks = (n_tokens + C - 1) / C;
+  const std::size_t unit = format_traits<T>::units(head_dim);  // elements or blocks per head
+  const std::size_t row = kv_heads * unit;                     // per token
+  const std::size_t chunks = (n_tokens + C - 1) / C, tile_stride = qs;
   float* q_scaled = A::queries(ws);
   detail::dense_run_units(
-      chunks * kv_heads, args, detail::select_dense_kernel<T>(), ws,
+      chunks * kv_heads, args, kernel, ws,
       [&](std::size_t u, const void** krows, const void** vrows) {
         const std::size_t t0 = (u / kv_heads) * C, h = u % kv_heads;
         const std::size_t n = n_tokens - t0 < C ? n_tokens - t0 : C;
-        const T* k = keys + t0 * row + h * head_dim;
-        const T* v = values + t0 * row + h * head_dim;
+        if constexpr (quantized_element<T>)
+          if (decoded) {
+            const strided_kv<T> head(keys + h * unit, values + h * unit, n_tokens, head_dim, row, row);
+            detail::dense_decode_rows(head, t0, n, n_tokens, tile_stride, A::key_tile(ws),
+                                      A::value_tile(ws), krows, vrows);
+            return n;
+          }
+        const T* k = keys + t0 * row + h * unit;
+        const T* v = values + t0 * row + h * unit;
         for (std::size_t i = 0; i < n; ++i) {
           krows[i] = k + i * row;
           vrows[i] = v + i * row;
@@ -559,7 +583,7 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
 /// its rows (see dense_partial_nhd_layer). queries and out [kv_heads][group][head_dim].
 /// On return the workspace also holds each row's max score and sum (its max-score and sum
 /// slots, [kv_heads][group]), as dense_partial_nhd_layer would return them.
-template <cache_element T>
+template <nhd_layer_element T>
 void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads, std::size_t group,
                             const T* keys, const T* values, std::size_t n_tokens,
                             std::size_t head_dim, float softmax_scale, std::span<float> out,
@@ -569,6 +593,7 @@ void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads
   if (group == 0) throw error("group must be > 0");
   if (head_dim == 0) throw error("head_dim must be > 0");
   if (n_tokens == 0) throw error("n_tokens must be > 0: attention over no tokens is undefined");
+  check_row_channels<T>(head_dim, "head_dim");
   detail::dense_check_size(queries.size(), kv_heads * group * head_dim, "queries",
                            "kv_heads * group * head_dim");
   detail::dense_check_size(out.size(), kv_heads * group * head_dim, "out",
