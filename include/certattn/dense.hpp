@@ -40,7 +40,7 @@ namespace detail {
 struct dense_workspace_access;
 // Row pointers per call: a chunk, the prefetch distance after it, and the slack of one
 // more chunk (units are appended whole).
-inline constexpr std::size_t dense_rows_capacity = 2 * dense_chunk_tokens + dense_max_prefetch_rows;
+inline constexpr std::size_t dense_rows_capacity = 2 * dense_chunk_tokens + dense_prefetch_rows;
 }  // namespace detail
 
 /// Caller-owned scratch of the dense kernels, sized once for up to `group` queries per KV
@@ -348,7 +348,7 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   args.acc_stride = dv;
   // A decoded chunk lives in the tile until the kernel has read it: no rows ahead (the
   // fill prefetches the next chunk's stored rows instead).
-  args.prefetch_distance = decoded ? 0 : detail::dense_prefetch_distance(detail::key_row_bytes(kv));
+  args.prefetch_distance = decoded ? 0 : detail::dense_prefetch_rows;
   if (fused != nullptr) {
     args.key_scale = key_scale_of(kv);
     args.value_scale = value_scale_of(kv);
@@ -541,8 +541,9 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
   detail::dense_chunk_fn kernel = nullptr;
   if constexpr (quantized_element<T>) kernel = detail::select_quantized_dense_kernel<T>();
   const bool decoded = quantized_element<T> && kernel == nullptr;
-  if (kernel == nullptr) kernel = detail::select_dense_kernel<std::conditional_t<cache_element<T>, T, float>>();
-  args.prefetch_distance = decoded ? 0 : detail::dense_min_prefetch_rows;
+  if (kernel == nullptr)
+    kernel = detail::select_dense_kernel<std::conditional_t<cache_element<T>, T, float>>();
+  args.prefetch_distance = decoded ? 0 : detail::dense_prefetch_rows;
   // Units run chunk-major: every head of a chunk of tokens, then the next chunk, so each
   // token row ([kv_heads][head_dim], contiguous) is fetched from memory once.
   constexpr std::size_t C = detail::dense_chunk_tokens;
@@ -557,7 +558,8 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
         const std::size_t n = n_tokens - t0 < C ? n_tokens - t0 : C;
         if constexpr (quantized_element<T>)
           if (decoded) {
-            const strided_kv<T> head(keys + h * unit, values + h * unit, n_tokens, head_dim, row, row);
+            const strided_kv<T> head(keys + h * unit, values + h * unit, n_tokens, head_dim, row,
+                                     row);
             detail::dense_decode_rows(head, t0, n, n_tokens, tile_stride, A::key_tile(ws),
                                       A::value_tile(ws), krows, vrows);
             return n;

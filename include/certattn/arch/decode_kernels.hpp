@@ -80,7 +80,8 @@ struct avx512_decoder {
     } else if constexpr (std::is_same_v<T, block_q4_0>) {
       const block_q4_0& b = row[c / 32];
       const __m512 table = q4_table(b);
-      const __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)));
+      const __m512i n =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)));
       lo = _mm512_permutexvar_ps(n, table);
       hi = _mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), table);
     } else {
@@ -104,7 +105,8 @@ struct avx512_decoder {
   /// Sixteen fp8 codes times the view's scale.
   CERTATTN_TARGET_AVX512 __m512 fp8(__m128i code) const {
     if constexpr (std::is_same_v<T, fp8_e5m2>) {
-      return _mm512_mul_ps(scale, _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(code), 8)));
+      const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(code), 8);
+      return _mm512_mul_ps(scale, _mm512_cvtph_ps(h));
     } else {
       const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(code), 7),
                                          _mm256_set1_epi16(short(0xBFFF)));

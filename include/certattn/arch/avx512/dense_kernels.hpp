@@ -2,8 +2,7 @@
 // that share it (the interface is dense_chunk_args, arch/scalar/dense_kernels.hpp): score
 // tiles for all queries, one online-softmax step, the value pass. Each key and value row
 // is read from memory once for the whole group, quantized rows decoded in registers
-// (row_loader), and the rows the prefetch distance ahead (dense_prefetch_distance) are
-// prefetched meanwhile. Compiled with function target attributes so that the binary still
+// (row_loader), and the rows one chunk ahead are prefetched meanwhile. Compiled with function target attributes so that the binary still
 // runs on CPUs without AVX-512.
 #pragma once
 
@@ -78,7 +77,9 @@ template <class T>
 struct row_loader {
   CERTATTN_TARGET_AVX512 explicit row_loader(float) {}
   /// Channels [c, c + 16), c a multiple of 16.
-  CERTATTN_TARGET_AVX512 __m512 load16(const T* row, std::size_t c) const { return dense::load16(row + c); }
+  CERTATTN_TARGET_AVX512 __m512 load16(const T* row, std::size_t c) const {
+    return dense::load16(row + c);
+  }
   /// The channels of mask m only (zeros elsewhere, nothing read past them).
   CERTATTN_TARGET_AVX512 __m512 load16_masked(const T* row, std::size_t c, __mmask16 m) const {
     return dense::load16_masked(row + c, m);
@@ -96,7 +97,8 @@ struct row_loader<T> : avx512_decoder<T> {
 
 /// Whether T's rows decode 32 channels at a time more cheaply than 16 (one block scale).
 template <class T>
-inline constexpr bool decodes_by_32 = std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>;
+inline constexpr bool decodes_by_32 =
+    std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>;
 
 /// Bytes of a row of n channels of T (for prefetches).
 template <class T>
@@ -191,7 +193,8 @@ CERTATTN_TARGET_AVX512 inline void score_block(const dense_chunk_args& a, std::s
           load.load32(rows[u], 16 * j, k0, k1);
 #pragma GCC unroll 4
           for (int g = 0; g < GB; ++g)
-            acc[g * TB + u] = _mm512_fmadd_ps(q1[g], k1, _mm512_fmadd_ps(q0[g], k0, acc[g * TB + u]));
+            acc[g * TB + u] =
+                _mm512_fmadd_ps(q1[g], k1, _mm512_fmadd_ps(q0[g], k0, acc[g * TB + u]));
         }
       }
     }

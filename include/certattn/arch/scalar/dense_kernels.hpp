@@ -101,22 +101,14 @@ inline void dense_prefetch_row(const void* row, std::size_t bytes) noexcept {
   }
 }
 
-/// Prefetch distance in rows: about 3 KiB of each stream ahead, from one chunk (16 rows) to
-/// two. Measured for fp16 rows of 256 bytes against 0-64 rows: shorter leaves misses
+/// Prefetch distance in rows: one chunk. Measured against 0-64 rows: shorter leaves misses
 /// exposed, longer was slower too (10% at G = 8 for 24 rows), the rows in flight competing
-/// with the current chunk for L1. Rows of 128 bytes (fp8 at d = 128, fp16 at d = 64) want
-/// more: 24 rows instead of 16 took fp8 from 6.0 to 5.0 ms (e4m3) and 5.3 to 4.1 ms (e5m2)
-/// per call, fp16 at d = 64 from 2.9 to 2.5 ms (`certattn-micro dense_hnd`, G = 4, 128K
-/// tokens, Sapphire Rapids); rows of 512 bytes were 2-4% slower at 24 than at 16, and the
-/// block formats' rows (72 and 136 bytes at d = 128) ran the same at 16 to 48.
-inline constexpr std::size_t dense_min_prefetch_rows = dense_chunk_tokens;
-inline constexpr std::size_t dense_max_prefetch_rows = 2 * dense_chunk_tokens;
-inline constexpr std::size_t dense_prefetch_distance(std::size_t row_bytes) noexcept {
-  const std::size_t rows = row_bytes == 0 ? dense_max_prefetch_rows : (3072 + row_bytes - 1) / row_bytes;
-  return rows < dense_min_prefetch_rows   ? dense_min_prefetch_rows
-         : rows > dense_max_prefetch_rows ? dense_max_prefetch_rows
-                                          : rows;
-}
+/// with the current chunk for L1. Rows of 128 bytes (fp8 at d = 128, fp16 at d = 64) ran
+/// 12-22% faster at 24 rows (`certattn-micro dense_hnd`), but the longer row-pointer ring
+/// that needs (dense_rows_capacity) made the fp16 kernel at d = 128 5-28% slower in
+/// certattn-bench, a layout effect not understood (docs/bench.md, "Quantized dense
+/// kernels"); so every row size keeps one chunk.
+inline constexpr std::size_t dense_prefetch_rows = dense_chunk_tokens;
 
 /// Row r of a row list, counted from the chunk's first token, or null past its end.
 inline const void* dense_ahead_row(const void* const* rows, std::size_t rows_ahead,
