@@ -10,8 +10,8 @@
 //
 // Counters: ns_per_token (per KV head and token: the whole group's work on one K and one V
 // row), GBps (cache bytes read per second). The head-major runs cycle over enough heads
-// that the cache (>= 256 MiB) cannot stay in the 32 MiB L3: every call streams from DRAM,
-// as a decode step does. Arguments: G, n_tokens, isa (0 scalar, 1 avx2, 2 avx512),
+// that the cache (>= 256 MiB) cannot stay in a 32 MiB L3: every call streams from DRAM,
+// as a decode step does (a 480 MiB L3, as on the Sapphire Rapids guests, keeps part of it). Arguments: G, n_tokens, isa (0 scalar, 1 avx2, 2 avx512),
 // element type (0 fp16, 1 bf16, 2 fp32, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2; GBps counts
 // the format's own bytes). Times are CPU times (the machine may be shared).
 // In the tree it is part of certattn-micro (bench/CMakeLists.txt globs bench/micro_*.cpp).

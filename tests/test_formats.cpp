@@ -133,8 +133,8 @@ void decode_same_bits_on_every_isa() {
   // fp8 rows of any length (the tails are masked); scales whose 2^8 multiple overflows
   // (e4m3's decoder then keeps the scale apart) or is subnormal.
   constexpr bool fp8 = fp8_element<T>;
-  const std::vector<std::size_t> dims =
-      fp8 ? std::vector<std::size_t>{7, 32, 40, 128, 160, 576} : std::vector<std::size_t>{32, 128, 160, 576};
+  const std::vector<std::size_t> dims = fp8 ? std::vector<std::size_t>{7, 32, 40, 128, 160, 576}
+                                             : std::vector<std::size_t>{32, 128, 160, 576};
   const std::vector<float> scales = fp8 ? std::vector<float>{1.0f, 0.0123f, 3.7e4f, 3e36f, 1e-39f}
                                         : std::vector<float>{1.0f};
   for (std::size_t d : dims) {
@@ -459,15 +459,16 @@ void check_block_layer() {
       dense_attend(std::span<const float>(q.data() + h * G * d, G * d), G,
                    nhd_view(k.data(), v.data(), n, H, d, h), 0.0f, std::span<float>(want), head_ws);
       for (std::size_t i = 0; i < G * d; ++i)
-        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[h * G * d + i]), std::bit_cast<std::uint32_t>(want[i]))
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[h * G * d + i]),
+                  std::bit_cast<std::uint32_t>(want[i]))
             << to_string(a) << " head " << h << " entry " << i;
     }
     set_isa_cap(isa::kAvx512Vnni);
   }
   EXPECT_NE(message_of([&] {
-              dense_attend_nhd_layer<T>(std::span<const float>(q.data(), H * G * 48), H, G, k.data(),
-                                        v.data(), n, 48, 0.0f, std::span<float>(out.data(), H * G * 48),
-                                        layer_ws);
+              dense_attend_nhd_layer<T>(std::span<const float>(q.data(), H * G * 48), H, G,
+                                        k.data(), v.data(), n, 48, 0.0f,
+                                        std::span<float>(out.data(), H * G * 48), layer_ws);
             }).find("head_dim"),
             std::string::npos);
 }
