@@ -134,12 +134,6 @@ certattn::strided_kv<T> with_fp8_scales(const certattn::strided_kv<T>& kv) {
     return kv;
 }
 
-/// Cache bytes of one row of head_dim channels of T.
-template <class T>
-std::size_t row_bytes(std::size_t head_dim) {
-  return certattn::format_traits<T>::units(head_dim) * sizeof(T);
-}
-
 // ---------------------------------------------------------------------------------------
 // Read bandwidth: the roof for the G = 1 kernel.
 
@@ -242,7 +236,7 @@ void dense_hnd_impl(benchmark::State& state) {
   const std::size_t G = std::size_t(state.range(0)), n = std::size_t(state.range(1)), d = 128;
   if (!set_isa(state, int(state.range(2)))) return;
   const std::size_t units = certattn::format_traits<T>::units(d);
-  const std::size_t head_bytes = 2 * n * row_bytes<T>(d), min_bytes = std::size_t(256) << 20;
+  const std::size_t head_bytes = 2 * n * certattn::format_traits<T>::row_bytes(d), min_bytes = std::size_t(256) << 20;
   const std::size_t heads = std::max<std::size_t>(1, (min_bytes + head_bytes - 1) / head_bytes);
   auto keys = alloc_cache<T>(d, heads * n, 2);
   auto values = alloc_cache<T>(d, heads * n, 3);

@@ -558,9 +558,8 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
         const std::size_t n = n_tokens - t0 < C ? n_tokens - t0 : C;
         if constexpr (quantized_element<T>)
           if (decoded) {
-            const strided_kv<T> head(keys + h * unit, values + h * unit, n_tokens, head_dim, row,
-                                     row);
-            detail::dense_decode_rows(head, t0, n, n_tokens, tile_stride, A::key_tile(ws),
+            detail::dense_decode_rows(nhd_view(keys, values, n_tokens, kv_heads, head_dim, h), t0,
+                                      n, n_tokens, tile_stride, A::key_tile(ws),
                                       A::value_tile(ws), krows, vrows);
             return n;
           }

@@ -97,8 +97,7 @@ struct row_loader<T> : avx512_decoder<T> {
 
 /// Whether T's rows decode 32 channels at a time more cheaply than 16 (one block scale).
 template <class T>
-inline constexpr bool decodes_by_32 =
-    std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>;
+inline constexpr bool decodes_by_32 = format_traits<T>::channels == 32;
 
 /// Bytes of a row of n channels of T (for prefetches).
 template <class T>
