@@ -3,7 +3,7 @@
 //   certattn-micro --benchmark_filter=scan
 //
 // Arguments: n (context), G (query heads sharing the scan), isa (0 scalar, 1 avx2,
-// 2 avx512_vnni), cold (0: one head's index, resident in L2/L3 after the first call;
+// 2 avx512_vnni, 3 avx512_vnni with AMX tile multiplies where the CPU has them), cold (0: one head's index, resident in L2/L3 after the first call;
 // 1: cycles over enough heads that the codes (>= 64 MiB) stream from memory, as in a
 // decode step). Counters: GB/s of index bytes the scan reads (4-bit codes, per-block
 // scales, residual norms), keys/s (pool keys bounded per second, for one group).
@@ -24,9 +24,10 @@ using certattn::key_index;
 
 void scan(benchmark::State& state) {
   const std::size_t n = std::size_t(state.range(0)), G = std::size_t(state.range(1));
-  const isa which = isa(state.range(2));
+  const bool amx = state.range(2) == 3;
+  const isa which = amx ? isa::kAvx512Vnni : isa(state.range(2));
   const bool cold = state.range(3) != 0;
-  if (int(certattn::detected_isa()) < int(which)) {
+  if (int(certattn::detected_isa()) < int(which) || (amx && !certattn::detail::amx::available())) {
     state.SkipWithError("CPU lacks this ISA");
     return;
   }
@@ -56,6 +57,7 @@ void scan(benchmark::State& state) {
   r.prep = prep.data();
 
   certattn::set_isa_cap(which);
+  certattn::detail::amx::set_enabled(amx);
   std::size_t h = 0;
   for (auto _ : state) {
     r.index = &fx.idx[h];
@@ -65,12 +67,13 @@ void scan(benchmark::State& state) {
     h = h + 1 == heads ? 0 : h + 1;
   }
   certattn::set_isa_cap(isa::kAvx512Vnni);
+  certattn::detail::amx::set_enabled(true);
   const double bytes = double(blocks) * double(fx.idx[0].block_code4_bytes() + key_index::kScaleRows * dp * sizeof(float) +
                                                key_index::kBlockTokens);
   const double iters = double(state.iterations());
   state.counters["GB/s"] = benchmark::Counter(bytes * iters, benchmark::Counter::kIsRate);
   state.counters["keys/s"] = benchmark::Counter(double(pool_end) * iters, benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(certattn::to_string(which)) + (cold ? ", from memory" : ", cache-resident"));
+  state.SetLabel(std::string(certattn::to_string(which)) + (amx ? " + amx" : "") + (cold ? ", from memory" : ", cache-resident"));
 }
 
 void scan_args(benchmark::internal::Benchmark* b) {
@@ -78,9 +81,11 @@ void scan_args(benchmark::internal::Benchmark* b) {
   for (long n : {16384L, 131072L})
     for (long a : {0L, 1L, 2L}) b->Args({n, 4, a, 0});
   for (long G : {1L, 8L}) b->Args({131072, G, 2, 0});
-  for (long a : {1L, 2L}) b->Args({131072, 4, a, 1});
-  b->Args({131072, 1, 2, 1});
-  b->Args({131072, 8, 2, 1});
+  for (long G : {1L, 2L, 4L, 8L, 16L, 32L})
+    for (long a : {2L, 3L}) b->Args({131072, G, a, 0});
+  for (long a : {1L, 2L, 3L}) b->Args({131072, 4, a, 1});
+  for (long G : {1L, 8L, 12L, 16L, 32L})
+    for (long a : {2L, 3L}) b->Args({131072, G, a, 1});
 }
 BENCHMARK(scan)->Apply(scan_args)->Unit(benchmark::kMicrosecond);
 

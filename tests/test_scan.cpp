@@ -272,6 +272,95 @@ TEST(ScanTest, PartialPoolsGroupSizesAndDegenerateQueries) {
   }
 }
 
+#if CERTATTN_AMX
+/// scan_amx (tile multiplies) or scan_avx512 of r into fresh outputs: u (0 past pool_end),
+/// block maxima and residual coefficients, as one vector of floats.
+std::vector<float> run_x86_scan(const certattn::key_index& idx, const float* qpad,
+                                std::size_t nq, double scale, std::size_t pool_end, bool tiles) {
+  namespace dt = certattn::detail;
+  const std::size_t B = certattn::key_index::kBlockTokens, nb = (pool_end + B - 1) / B;
+  const std::size_t dp = idx.padded_dim();
+  std::vector<float> u(nq * nb * B, 0.0f), bmax(nq * nb, 0.0f);
+  std::vector<dt::residual_coefficients> res(nq * nb);
+  // Filled with a pattern: the kernels must not read scratch they did not write.
+  std::vector<std::int8_t> qa(std::max(dt::query_plane_bytes(nq, dp),
+                                       dt::amx::scratch_layout(nq, dp).total()),
+                              std::int8_t(0x5A));
+  std::vector<dt::block_query_prep> prep(nq);
+  certattn::scan_request r;
+  r.index = &idx;
+  r.queries = qpad;
+  r.nq = nq;
+  r.softmax_scale = scale;
+  r.pool_end = pool_end;
+  r.u = u.data();
+  r.u_stride = nb * B;
+  r.block_max = bmax.data();
+  r.block_stride = nb;
+  r.qa = qa.data();
+  r.prep = prep.data();
+  r.residual = res.data();
+  r.residual_stride = nb;
+  if (tiles)
+    dt::scan_amx(r);
+  else
+    dt::scan_avx512(r);
+  for (std::size_t g = 0; g < nq; ++g)  // the tail past pool_end is unspecified
+    std::fill(u.begin() + std::ptrdiff_t(g * nb * B + pool_end), u.begin() + std::ptrdiff_t((g + 1) * nb * B), 0.0f);
+  u.insert(u.end(), bmax.begin(), bmax.end());
+  for (const auto& c : res) {
+    u.push_back(c.holder);
+    u.push_back(c.norm);
+  }
+  return u;
+}
+#endif
+
+// The AMX scan (tile multiplies for the integer dots, arch/amx/scan_kernels.hpp) gives the
+// VNNI scan's bits for every query count (one and several chunks of 8, partial last
+// chunk), head dims whose K tiles are partial (72, 264), more than the 4 resident A tiles
+// (576: MLA's), pools ending inside a block and a group, and adversarial magnitudes. Run
+// directly, below amx::kMinQueries too. Skipped where the CPU or OS has no AMX.
+TEST(ScanTest, AmxTilesGiveTheVnniBits) {
+#if CERTATTN_AMX
+  if (!certattn::detail::amx::available()) GTEST_SKIP() << "no AMX on this machine";
+  for (std::size_t d : {8u, 64u, 72u, 128u, 192u, 264u, 576u}) {
+    const std::size_t n = d > 256 ? 300 : 700;
+    std::mt19937_64 rng(d + 17);
+    std::normal_distribution<float> nd;
+    std::vector<half> keys(n * d);
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < d; ++i)
+        keys[t * d + i] = half((i % 13 == 4 ? 50.0f : 1.0f) * (t % 97 == 3 ? 30.0f : 1.0f) * nd(rng));
+    const std::vector<half> values(n * d, half(1.0f));
+    const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
+    certattn::key_index idx(d);
+    idx.build(kv);
+    const std::size_t dp = idx.padded_dim();
+    for (std::size_t nq : {1u, 2u, 3u, 7u, 8u, 9u, 15u, 16u, 17u, 32u, 33u}) {
+      std::vector<float> q(nq * dp, 0.0f);
+      for (std::size_t g = 0; g < nq; ++g)
+        for (std::size_t i = 0; i < d; ++i) {
+          if (g % 5 == 1) continue;                                   // zero query
+          if (g % 5 == 2) q[g * dp + i] = i == d / 2 ? -3.0f : 0.0f;  // one-hot
+          else q[g * dp + i] = (g % 5 == 3 ? 1e4f : 1.0f) * nd(rng);
+        }
+      for (std::size_t pool_end : {n, n - 77, std::size_t(129), std::size_t(7)})
+        for (double scale : {1e-3, 1.0 / std::sqrt(double(d))}) {
+          SCOPED_TRACE("d " + std::to_string(d) + " nq " + std::to_string(nq) + " pool_end " +
+                       std::to_string(pool_end) + " scale " + std::to_string(scale));
+          const auto tiles = run_x86_scan(idx, q.data(), nq, scale, pool_end, true);
+          const auto vnni = run_x86_scan(idx, q.data(), nq, scale, pool_end, false);
+          ASSERT_EQ(tiles.size(), vnni.size());
+          ASSERT_EQ(0, std::memcmp(tiles.data(), vnni.data(), tiles.size() * sizeof(float)));
+        }
+    }
+  }
+#else
+  GTEST_SKIP() << "no AMX kernel on this target";
+#endif
+}
+
 // Every key equal (per block: st = 0, so the bound is scale * sum q lo up to its margins):
 // the float sums' rounding is all that separates u from s, and the margins must cover it.
 TEST(ScanTest, IdenticalKeysNeedTheRoundingMargins) {

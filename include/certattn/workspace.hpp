@@ -137,7 +137,7 @@ class attend_workspace {
     variant_u_.assign(group * u_stride_ + 16, 0.0f);
     block_max_.assign(group * blocks + 1, 0.0f);
     residual_.assign(group * blocks + 1, {});
-    qa_.assign(detail::query_plane_bytes(group, dp_), 0);  // the int8 queries' two planes
+    qa_.assign(scan_query_bytes(group, dp_), 0);  // the int8 queries (and the AMX scan's tiles)
     prep_.assign(group, {});
     // [group][window + exact set]: the exact set can hold any number of tokens (values
     // beyond float's range always join it), so room for every token, left uncommitted.

@@ -159,12 +159,12 @@ CERTATTN_TARGET_AVX512 inline __m512 tree16x4(__m512 v0, __m512 v1, __m512 v2,
 /// chains interleave), with the 16 lanes in one register: the same operations in the
 /// same order and the same tree, hence the same bits. n16 vectors of 16 channels (the
 /// last one half when padded_dim % 16 == 8); query h is q + h * q_stride, its int8 bytes
-/// go to qa + 8 h, its results to out[h].
+/// go to qa + h * query_bytes (8: the octet-major layout), its results to out[h].
 template <int NH>
 CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
     const float* lo, const float* st, const float* q, std::size_t q_stride, std::size_t n16,
-    bool half, std::int8_t* qa, std::int8_t* qf, std::size_t qa_stride,
-    block_query_prep* out) noexcept {
+    bool half, std::int8_t* qa, std::int8_t* qf, std::size_t qa_stride, block_query_prep* out,
+    std::size_t query_bytes) noexcept {
   const __m512 zero = _mm512_setzero_ps();
   __m512 amax[NH], ca[NH], cb[NH], s[NH], q2[NH], p[NH], ce[NH];
   _Pragma("GCC unroll 4")
@@ -215,7 +215,7 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
       const __m512 yf = _mm512_fmadd_ps(e, vf[h], round);
       const __m512 ef = _mm512_fnmadd_ps(vb[h], _mm512_sub_ps(yf, round), e);
       ce[h] = _mm512_add_ps(ce[h], _mm512_max_ps(ef, zero));
-      const std::size_t at = 8 * h + 2 * j * qa_stride;
+      const std::size_t at = h * query_bytes + 2 * j * qa_stride;
       const bool full = !(half && j + 1 == n16);
       const __m128 b = _mm_castsi128_ps(_mm512_cvtepi32_epi8(_mm512_castps_si512(y)));
       _mm_storel_pi(reinterpret_cast<__m64*>(qa + at), b);
@@ -243,13 +243,16 @@ template <int NH>
 CERTATTN_TARGET_AVX512 inline void prep_heads(const float* lo, const float* st, const float* q,
                                               std::size_t padded_dim, std::int8_t* qa,
                                               std::int8_t* qf, std::size_t qa_stride,
-                                              block_query_prep* out) noexcept {
+                                              block_query_prep* out,
+                                              std::size_t query_bytes = 8) noexcept {
   switch (padded_dim) {  // the common head dims with a compile-time vector count
-    case 64: return prep_body<NH>(lo, st, q, padded_dim, 4, false, qa, qf, qa_stride, out);
-    case 128: return prep_body<NH>(lo, st, q, padded_dim, 8, false, qa, qf, qa_stride, out);
+    case 64:
+      return prep_body<NH>(lo, st, q, padded_dim, 4, false, qa, qf, qa_stride, out, query_bytes);
+    case 128:
+      return prep_body<NH>(lo, st, q, padded_dim, 8, false, qa, qf, qa_stride, out, query_bytes);
     default:
       return prep_body<NH>(lo, st, q, padded_dim, (padded_dim + 15) / 16, padded_dim % 16 != 0,
-                           qa, qf, qa_stride, out);
+                           qa, qf, qa_stride, out, query_bytes);
   }
 }
 
