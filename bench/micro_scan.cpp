@@ -3,7 +3,8 @@
 //   certattn-micro --benchmark_filter=scan
 //
 // Arguments: n (context), G (query heads sharing the scan), isa (0 scalar, 1 avx2,
-// 2 avx512_vnni, 3 avx512_vnni with AMX tile multiplies where the CPU has them), cold (0: one head's index, resident in L2/L3 after the first call;
+// 2 avx512_vnni, 3 avx512_vnni with AMX tile multiplies from 8 queries on, where the CPU has
+// them), cold (0: one head's index, resident in L2/L3 after the first call;
 // 1: cycles over enough heads that the codes (>= 64 MiB) stream from memory, as in a
 // decode step). Counters: GB/s of index bytes the scan reads (4-bit codes, per-block
 // scales, residual norms), keys/s (pool keys bounded per second, for one group).

@@ -129,14 +129,14 @@ CERTATTN_TARGET_AVX512 inline void scan_amx(const scan_request& r) noexcept {
       for (std::size_t g = 0; g < nq; ++g)
         r.residual[g * r.residual_stride + blk] = {r.prep[g].holder, r.prep[g].norm};
     const std::uint8_t* codes = idx.block_codes4(blk);
-    amx::unpack_block(codes, n_oct, kt, b, codes + block_bytes);
+    amx::unpack_block(codes, n_oct, kt, b);
     const std::size_t t0 = blk * key_index::kBlockTokens;
     const std::size_t valid = std::min(r.pool_end - t0, key_index::kBlockTokens);
     for (std::size_t g0 = 0; g0 < nq; g0 += amx::kQueriesPerTile)
       amx::scan_chunk(b, a + 2 * g0 * a_row, a_row, kt, idx.block_rho(blk), r.prep + g0,
                       std::min(amx::kQueriesPerTile, nq - g0), r.u + g0 * r.u_stride + t0,
                       r.u_stride, valid, r.block_max + g0 * r.block_stride + blk,
-                      r.block_stride, c);
+                      r.block_stride, c, g0 == 0 ? codes + block_bytes : nullptr, n_oct * 64);
   }
 }
 #endif

@@ -58,11 +58,12 @@ inline constexpr std::size_t kChannelsPerTile = 64;    // K bytes of one tile ro
 inline constexpr std::size_t kResultBuffers = 4;       // C tiles stored, in turn
 /// The fewest queries the scan runs on tiles. Below it, preparing each block's A rows
 /// and unpacking its codes into B tiles (two 64-byte stores per line, which the tile loads
-/// then wait for) cost more than the vpdpbusd they replace. Sapphire Rapids guest,
+/// then wait for) cost what the vpdpbusd they replace cost, or more. Sapphire Rapids guest,
 /// `certattn-micro --benchmark_filter=scan/n:131072` (128K tokens, head_dim 128), us per
 /// call, VNNI against tiles: G = 1/2/4 cache-resident 347/466/719 against 421/518/690,
-/// G = 4 from memory 869 against 1228; from memory G = 8/12/16/32 1658-1738 / 2467-2510 /
-/// 3186-3244 / 6379 against 1569-1633 / 2138-2160 / 2419-2447 / 4248.
+/// from memory G = 1 373-380 against 511-555, G = 4 763-805 against 801-829; from memory
+/// G = 8/12/16/32 1676-1709 / 2414-2511 / 3169-3337 / 5788-6245 against 1383-1461 /
+/// 1943-1993 / 2279-2383 / 3615-4216.
 inline constexpr std::size_t kMinQueries = 8;
 
 /// K tiles of a block's codes: 64 channels each.
@@ -173,20 +174,16 @@ struct tile_session {
 /// group grp gives rows 2 (o % 8) (low nibbles) and 2 (o % 8) + 1 (high) of its K tile
 /// o / 8. Rows of octets past the last keep old bytes: the A columns for them are zero.
 CERTATTN_TARGET_AMX inline void unpack_block(const std::uint8_t* codes, std::size_t n_oct,
-                                             std::size_t kt, std::uint8_t* b,
-                                             const std::uint8_t* next_block) noexcept {
+                                             std::size_t kt, std::uint8_t* b) noexcept {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   for (std::size_t grp = 0; grp < kGroupsPerBlock; ++grp) {
     std::uint8_t* tiles = b + grp * kt * kTileBytes;
     for (std::size_t o = 0; o < n_oct; ++o) {
       const __m512i x = _mm512_loadu_si512(codes);
-      // The next block's codes (a decode step reads them from memory).
-      _mm_prefetch(reinterpret_cast<const char*>(next_block), _MM_HINT_T0);
       std::uint8_t* row = tiles + (o / 8) * kTileBytes + (o % 8) * 128;
       _mm512_store_si512(row, _mm512_and_si512(x, mask));
       _mm512_store_si512(row + 64, _mm512_and_si512(_mm512_srli_epi16(x, 4), mask));
       codes += 64;
-      next_block += 64;
     }
   }
 }
@@ -245,13 +242,20 @@ CERTATTN_TARGET_AMX __attribute__((always_inline)) inline void finish_group(
   } while (0)
 
 /// Bounds of one block for the queries of one chunk (n <= 8 of them, A rows at a), from
-/// the block's unpacked codes b: u and bmax as avx512::scan_block.
+/// the block's unpacked codes b: u and bmax as avx512::scan_block. next_codes (or
+/// nullptr): the next block's codes, prefetched a group (group_bytes) at a time between
+/// the multiplies. A decode step reads them from memory, and prefetched in one burst while
+/// unpacking (as the VNNI kernel prefetches) they filled the miss buffers and stalled it:
+/// G = 4 from memory 1178-1228 us against 801-829 spread (G = 32: 3955-4248 against
+/// 3615-3636; `certattn-micro --benchmark_filter=scan/n:131072`, tiles forced on);
+/// two blocks ahead, 968-1026.
 CERTATTN_TARGET_AMX inline void scan_chunk(const std::uint8_t* b, const std::int8_t* a,
                                            std::size_t a_row, std::size_t kt,
                                            const std::uint8_t* rho, const block_query_prep* prep,
                                            std::size_t n, float* u, std::size_t u_stride,
                                            std::size_t valid, float* bmax, std::size_t bmax_stride,
-                                           std::int32_t* c) noexcept {
+                                           std::int32_t* c, const std::uint8_t* next_codes,
+                                           std::size_t group_bytes) noexcept {
   const bool resident = kt <= 4;
   if (resident) {
     CERTATTN_TILE_LOAD(4, a, a_row);
@@ -271,6 +275,9 @@ CERTATTN_TARGET_AMX inline void scan_chunk(const std::uint8_t* b, const std::int
       CERTATTN_AMX_GROUP(1);
       CERTATTN_TILE_STORE(0, result(grp - 1));
     }
+    if (next_codes != nullptr)
+      for (std::size_t o = 0; o < group_bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next_codes + grp * group_bytes + o), _MM_HINT_T0);
     if (grp >= 2) finish_group(result(grp - 2), rho, grp - 2, valid, prep, n, u, u_stride, mx);
   }
   CERTATTN_TILE_STORE(1, result(kGroupsPerBlock - 1));
