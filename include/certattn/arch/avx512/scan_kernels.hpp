@@ -218,9 +218,14 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline void prep_body(
       const std::size_t at = h * query_bytes + 2 * j * qa_stride;
       const bool full = !(half && j + 1 == n16);
       const __m128 b = _mm_castsi128_ps(_mm512_cvtepi32_epi8(_mm512_castps_si512(y)));
+      const __m128 bf = _mm_castsi128_ps(_mm512_cvtepi32_epi8(_mm512_castps_si512(yf)));
+      if (qa_stride == 8 && full) {  // consecutive octets (the AMX scan's rows): one store
+        _mm_storeu_ps(reinterpret_cast<float*>(qa + at), b);
+        _mm_storeu_ps(reinterpret_cast<float*>(qf + at), bf);
+        continue;
+      }
       _mm_storel_pi(reinterpret_cast<__m64*>(qa + at), b);
       if (full) _mm_storeh_pi(reinterpret_cast<__m64*>(qa + at + qa_stride), b);
-      const __m128 bf = _mm_castsi128_ps(_mm512_cvtepi32_epi8(_mm512_castps_si512(yf)));
       _mm_storel_pi(reinterpret_cast<__m64*>(qf + at), bf);
       if (full) _mm_storeh_pi(reinterpret_cast<__m64*>(qf + at + qa_stride), bf);
     }
