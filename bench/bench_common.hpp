@@ -82,6 +82,8 @@ class layer_cache {
   const T* keys() const noexcept { return reinterpret_cast<const T*>(k_); }
   template <kv_element T = half>
   const T* values() const noexcept { return reinterpret_cast<const T*>(v_); }
+  /// An fp8 cache's scale pair per KV head (empty for other formats).
+  std::span<const fp8_scales> scales() const noexcept { return scales_; }
   /// K and V bytes of the first n tokens of every head: what dense attention reads.
   std::size_t kv_bytes(std::size_t n) const noexcept { return 2 * n * heads_ * row_bytes_; }
 

@@ -156,9 +156,8 @@ void add_block_occupancy(const attend_workspace& ws, std::span<const certificate
 
 /// Dense attention over a token-major layer with a pool: one dense_attend_nhd_layer pass
 /// per thread over its own range of tokens (flash-decoding's split-K), then the partial
-/// softmax states merged. A single thread makes one pass over the whole layer. The
-/// formats a layer call reads: fp16, bf16 and ggml's blocks (an fp8 cache is read head by
-/// head, with its scales).
+/// softmax states merged. A single thread makes one pass over the whole layer, of any
+/// format (an fp8 layer with its scale pair per KV head).
 class nhd_dense_split {
  public:
   nhd_dense_split(std::size_t threads, std::size_t n, std::size_t rows, std::size_t d) : rows_(rows), d_(d) {
@@ -172,10 +171,6 @@ class nhd_dense_split {
   }
   std::size_t parts() const noexcept { return bounds_.size() - 1; }
 
-  static bool reads(cache_format f) noexcept {
-    return f == cache_format::f16 || f == cache_format::bf16 || f == cache_format::q8_0 ||
-           f == cache_format::q4_0;
-  }
 
   void run(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale, thread_pool& pool,
            std::vector<dense_workspace>& ws, std::span<float> out) {
@@ -184,6 +179,8 @@ class nhd_dense_split {
       case cache_format::bf16: return run_as<bfloat16>(lc, q, group, scale, pool, ws, out);
       case cache_format::q8_0: return run_as<block_q8_0>(lc, q, group, scale, pool, ws, out);
       case cache_format::q4_0: return run_as<block_q4_0>(lc, q, group, scale, pool, ws, out);
+      case cache_format::fp8_e4m3: return run_as<fp8_e4m3>(lc, q, group, scale, pool, ws, out);
+      case cache_format::fp8_e5m2: return run_as<fp8_e5m2>(lc, q, group, scale, pool, ws, out);
       default: break;
     }
 #endif
@@ -195,15 +192,23 @@ class nhd_dense_split {
   void run_as(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale,
               thread_pool& pool, std::vector<dense_workspace>& ws, std::span<float> out) {
     const std::size_t H = lc.heads(), d = d_, row = H * format_traits<T>::units(d);
+    // One layer pass over tokens [t0, t1): fp8 with its scales.
+    auto layer = [&](std::size_t t0, std::size_t t1, std::span<float> o, dense_workspace& w) {
+      if constexpr (fp8_element<T>)
+        dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>() + t0 * row, lc.values<T>() + t0 * row, t1 - t0, d,
+                                  scale, lc.scales(), o, w);
+      else
+        dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>() + t0 * row, lc.values<T>() + t0 * row, t1 - t0, d,
+                                  scale, o, w);
+    };
     if (parts() == 1) {
-      dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>(), lc.values<T>(), lc.tokens(), d, scale, out, ws[0]);
+      layer(0, lc.tokens(), out, ws[0]);
       return;
     }
     using A = detail::dense_workspace_access;
     pool.parallel_for(parts(), [&](std::size_t p, std::size_t w) {
       const std::size_t t0 = bounds_[p], t1 = bounds_[p + 1];
-      dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>() + t0 * row, lc.values<T>() + t0 * row, t1 - t0, d,
-                                scale, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
+      layer(t0, t1, std::span<float>(out_.data() + p * rows_ * d, rows_ * d), ws[w]);
       // The layer call leaves each row's running max and sum in the workspace.
       std::copy_n(A::max_scores(ws[w]), rows_, max_.data() + p * rows_);
       std::copy_n(A::sums(ws[w]), rows_, sum_.data() + p * rows_);
@@ -264,7 +269,7 @@ std::vector<step_result> run_steps(const layer_cache& lc, ViewOf view_of, const 
                                std::span<float>(out_dense.data() + h * PG * dv, PG * dv), ws.dense[w],
                                variant.head(h));
       });
-    } else if (lc.kind() == layout_kind::kNhd && nhd_dense_split::reads(lc.format())) {
+    } else if (lc.kind() == layout_kind::kNhd) {
       nhd.run(lc, q, G, scale, pool, ws.dense, out_dense);
     } else {
       pool.parallel_for(H, [&](std::size_t h, std::size_t w) {

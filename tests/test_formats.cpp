@@ -478,4 +478,80 @@ TEST(FormatDense, TokenMajorLayerOfBlocks) {
   check_block_layer<block_q4_0>();
 }
 
+/// The same over an fp8 layer with a scale pair per KV head (vLLM's cache): the bits of
+/// dense_attend() over each head's scaled view, on every instruction set, for both the
+/// attend and the partial call (tokens split in two and merged as the caller would); e4m3
+/// scales include one whose 2^8 multiple overflows float (the decoder keeps it apart).
+template <class T>
+void check_fp8_layer() {
+  const std::size_t n = 300, d = 40, H = 3, G = 2, split = 170;
+  const std::vector<fp8_scales> scales = {{0.03f, 2.5f}, {1e-3f, 0.5f}, {3e36f, 1e-30f}};
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(d), q(H * G * d);
+  for (float& v : q) v = normal(rng);
+  std::vector<T> k(n * H * d), v(n * H * d);
+  for (std::size_t t = 0; t < n; ++t)
+    for (std::size_t h = 0; h < H; ++h) {
+      for (float& y : x) y = normal(rng) * 20.0f * scales[h].key;
+      quantize_row(x.data(), d, scales[h].key, k.data() + (t * H + h) * d);
+      for (float& y : x) y = normal(rng) * 20.0f * scales[h].value;
+      quantize_row(x.data(), d, scales[h].value, v.data() + (t * H + h) * d);
+    }
+  for (std::size_t i = 2 * G * d; i < 3 * G * d; ++i) q[i] *= 1e-36f;  // head 2's keys ~1e38
+  std::vector<float> out(H * G * d), want(G * d);
+  std::vector<float> m1(H * G), l1(H * G), a1(H * G * d), m2(H * G), l2(H * G), a2(H * G * d);
+  std::vector<float> mw(G), lw(G), aw(G * d);
+  dense_workspace layer_ws(G, d, H), head_ws(G, d);
+  const std::span<const fp8_scales> sc(scales);
+  for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
+    if (int(a) > int(detected_isa())) continue;
+    set_isa_cap(a);
+    dense_attend_nhd_layer<T>(std::span<const float>(q), H, G, k.data(), v.data(), n, d, 0.0f,
+                              sc, std::span<float>(out), layer_ws);
+    dense_partial_nhd_layer<T>(std::span<const float>(q), H, G, k.data() + split * H * d,
+                               v.data() + split * H * d, n - split, d, 0.0f, sc,
+                               std::span<float>(m2), std::span<float>(l2), std::span<float>(a2),
+                               layer_ws);
+    for (std::size_t h = 0; h < H; ++h) {
+      const auto view = nhd_view(k.data(), v.data(), n, H, d, h).with_scales(scales[h]);
+      const std::span<const float> qh(q.data() + h * G * d, G * d);
+      dense_attend(qh, G, view, 0.0f, std::span<float>(want), head_ws);
+      for (std::size_t i = 0; i < G * d; ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[h * G * d + i]),
+                  std::bit_cast<std::uint32_t>(want[i]))
+            << to_string(a) << " head " << h << " entry " << i;
+      dense_partial(qh, G, view, 0.0f, split, n, std::span<float>(mw), std::span<float>(lw),
+                    std::span<float>(aw), head_ws);
+      for (std::size_t i = 0; i < G; ++i) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(m2[h * G + i]), std::bit_cast<std::uint32_t>(mw[i]));
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(l2[h * G + i]), std::bit_cast<std::uint32_t>(lw[i]));
+      }
+      for (std::size_t i = 0; i < G * d; ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(a2[h * G * d + i]),
+                  std::bit_cast<std::uint32_t>(aw[i]))
+            << to_string(a) << " partial, head " << h << " entry " << i;
+    }
+    set_isa_cap(isa::kAvx512Vnni);
+  }
+  std::vector<fp8_scales> bad = scales;
+  bad[1].value = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(message_of([&] {
+              dense_attend_nhd_layer<T>(std::span<const float>(q), H, G, k.data(), v.data(), n, d,
+                                        0.0f, std::span<const fp8_scales>(bad),
+                                        std::span<float>(out), layer_ws);
+            }).find("scales[1].value"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              dense_attend_nhd_layer<T>(std::span<const float>(q), H, G, k.data(), v.data(), n, d,
+                                        0.0f, sc.first(2), std::span<float>(out), layer_ws);
+            }).find("scales"),
+            std::string::npos);
+}
+
+TEST(FormatDense, TokenMajorLayerOfFp8) {
+  check_fp8_layer<fp8_e4m3>();
+  check_fp8_layer<fp8_e5m2>();
+}
+
 }  // namespace

@@ -483,28 +483,24 @@ void dense_attend_positions(std::span<const float> queries, std::size_t position
   detail::dense_normalise(out.data(), l.data(), rows, dv, out.data());
 }
 
-/// The element types of a token-major layer call: 16-bit, float and double elements, and
+/// The element types of a token-major layer call: 16-bit, float and double elements,
 /// ggml's blocks (a llama.cpp q8_0 or q4_0 cache tensor, rows of kv_heads * head_dim / 32
-/// blocks). An fp8 cache needs its scales, which a layer's pointers do not carry: read it
-/// head by head (nhd_view(...).with_scales()).
+/// blocks), and fp8 (vLLM's e4m3 / e5m2 cache with a scale pair per KV head: the
+/// overloads that take `scales`).
 template <class T>
-concept nhd_layer_element =
-    cache_element<T> || std::is_same_v<T, block_q8_0> || std::is_same_v<T, block_q4_0>;
+concept nhd_layer_element = cache_element<T> || std::is_same_v<T, block_q8_0> ||
+                            std::is_same_v<T, block_q4_0> || fp8_element<T>;
 
-/// Partial softmax state (as dense_partial) of all KV heads of one layer of a token-major
-/// cache ([token][kv_heads][head_dim], llama.cpp's layout) over its tokens [0, n_tokens),
-/// in one pass over the rows: per chunk of tokens every head is processed while the chunk
-/// is in cache, instead of one pass per head striding a whole token row per token. Split
-/// the tokens between threads (flash-decoding's split-K) by offsetting keys and values
-/// (by token rows: kv_heads * head_dim elements, or kv_heads * head_dim / 32 blocks) and
-/// merging the states. queries and acc [kv_heads][group][head_dim]; max_scores and sums
-/// [kv_heads][group]; ws sized for (group, head_dim, kv_heads).
+namespace detail {
+/// dense_partial_nhd_layer() with an fp8 layer's scales ([kv_heads], checked; null for
+/// every other format).
 template <nhd_layer_element T>
-void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_heads,
-                             std::size_t group, const T* keys, const T* values,
-                             std::size_t n_tokens, std::size_t head_dim, float softmax_scale,
-                             std::span<float> max_scores, std::span<float> sums,
-                             std::span<float> acc, dense_workspace& ws) {
+void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t kv_heads,
+                                    std::size_t group, const T* keys, const T* values,
+                                    std::size_t n_tokens, std::size_t head_dim,
+                                    float softmax_scale, const fp8_scales* scales,
+                                    std::span<float> max_scores, std::span<float> sums,
+                                    std::span<float> acc, dense_workspace& ws) {
   using A = detail::dense_workspace_access;
   if (kv_heads == 0) throw error("kv_heads must be > 0");
   if (group == 0) throw error("group must be > 0");
@@ -558,9 +554,13 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
         const std::size_t n = n_tokens - t0 < C ? n_tokens - t0 : C;
         if constexpr (quantized_element<T>)
           if (decoded) {
-            detail::dense_decode_rows(nhd_view(keys, values, n_tokens, kv_heads, head_dim, h), t0,
-                                      n, n_tokens, tile_stride, A::key_tile(ws),
-                                      A::value_tile(ws), krows, vrows);
+            const auto view = nhd_view(keys, values, n_tokens, kv_heads, head_dim, h);
+            if constexpr (fp8_element<T>)
+              detail::dense_decode_rows(view.with_scales(scales[h]), t0, n, n_tokens, tile_stride,
+                                        A::key_tile(ws), A::value_tile(ws), krows, vrows);
+            else
+              detail::dense_decode_rows(view, t0, n, n_tokens, tile_stride, A::key_tile(ws),
+                                        A::value_tile(ws), krows, vrows);
             return n;
           }
         const T* k = keys + t0 * row + h * unit;
@@ -577,18 +577,65 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
         a.max_scores = max_scores.data() + h * group;
         a.sums = sums.data() + h * group;
         a.acc = acc.data() + h * group * head_dim;
+        if constexpr (fp8_element<T>) {
+          a.key_scale = scales[h].key;
+          a.value_scale = scales[h].value;
+        }
       });
 }
 
-/// Exact attention for all KV heads of one layer of a token-major cache in one pass over
-/// its rows (see dense_partial_nhd_layer). queries and out [kv_heads][group][head_dim].
-/// On return the workspace also holds each row's max score and sum (its max-score and sum
-/// slots, [kv_heads][group]), as dense_partial_nhd_layer would return them.
+/// An fp8 layer's scales, one pair per KV head, each finite and > 0.
+inline void check_layer_scales(std::span<const fp8_scales> scales, std::size_t kv_heads) {
+  dense_check_size(scales.size(), kv_heads, "scales", "kv_heads");
+  for (std::size_t h = 0; h < kv_heads; ++h) {
+    const std::string at = "scales[" + std::to_string(h) + "]";
+    check_cache_scale(scales[h].key, (at + ".key").c_str());
+    check_cache_scale(scales[h].value, (at + ".value").c_str());
+  }
+}
+}  // namespace detail
+
+/// Partial softmax state (as dense_partial) of all KV heads of one layer of a token-major
+/// cache ([token][kv_heads][head_dim], llama.cpp's layout) over its tokens [0, n_tokens),
+/// in one pass over the rows: per chunk of tokens every head is processed while the chunk
+/// is in cache, instead of one pass per head striding a whole token row per token. Split
+/// the tokens between threads (flash-decoding's split-K) by offsetting keys and values
+/// (by token rows: kv_heads * head_dim elements, or kv_heads * head_dim / 32 blocks) and
+/// merging the states. queries and acc [kv_heads][group][head_dim]; max_scores and sums
+/// [kv_heads][group]; ws sized for (group, head_dim, kv_heads).
 template <nhd_layer_element T>
-void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads, std::size_t group,
-                            const T* keys, const T* values, std::size_t n_tokens,
-                            std::size_t head_dim, float softmax_scale, std::span<float> out,
-                            dense_workspace& ws) {
+  requires(!fp8_element<T>)
+void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_heads,
+                             std::size_t group, const T* keys, const T* values,
+                             std::size_t n_tokens, std::size_t head_dim, float softmax_scale,
+                             std::span<float> max_scores, std::span<float> sums,
+                             std::span<float> acc, dense_workspace& ws) {
+  detail::dense_partial_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+                                            head_dim, softmax_scale, nullptr, max_scores, sums,
+                                            acc, ws);
+}
+
+/// The same for an fp8 layer (vLLM's cache with kv_cache_dtype fp8): scales[h] is KV head
+/// h's pair (k_scale, v_scale), finite and > 0; a channel is fl(scale * code).
+template <fp8_element T>
+void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_heads,
+                             std::size_t group, const T* keys, const T* values,
+                             std::size_t n_tokens, std::size_t head_dim, float softmax_scale,
+                             std::span<const fp8_scales> scales, std::span<float> max_scores,
+                             std::span<float> sums, std::span<float> acc, dense_workspace& ws) {
+  detail::check_layer_scales(scales, kv_heads);
+  detail::dense_partial_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+                                            head_dim, softmax_scale, scales.data(), max_scores,
+                                            sums, acc, ws);
+}
+
+namespace detail {
+template <nhd_layer_element T>
+void dense_attend_nhd_layer_scaled(std::span<const float> queries, std::size_t kv_heads,
+                                   std::size_t group, const T* keys, const T* values,
+                                   std::size_t n_tokens, std::size_t head_dim,
+                                   float softmax_scale, const fp8_scales* scales,
+                                   std::span<float> out, dense_workspace& ws) {
   using A = detail::dense_workspace_access;
   if (kv_heads == 0) throw error("kv_heads must be > 0");
   if (group == 0) throw error("group must be > 0");
@@ -602,9 +649,36 @@ void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads
   detail::dense_check_workspace(ws, group, head_dim, kv_heads);
   const std::size_t rows = kv_heads * group;
   std::span<float> m(A::max_scores(ws), rows), l(A::sums(ws), rows);
-  dense_partial_nhd_layer<T>(queries, kv_heads, group, keys, values, n_tokens, head_dim,
-                             softmax_scale, m, l, out, ws);
+  dense_partial_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens, head_dim,
+                                    softmax_scale, scales, m, l, out, ws);
   detail::dense_normalise(out.data(), l.data(), rows, head_dim, out.data());
+}
+}  // namespace detail
+
+/// Exact attention for all KV heads of one layer of a token-major cache in one pass over
+/// its rows (see dense_partial_nhd_layer). queries and out [kv_heads][group][head_dim].
+/// On return the workspace also holds each row's max score and sum (its max-score and sum
+/// slots, [kv_heads][group]), as dense_partial_nhd_layer would return them.
+template <nhd_layer_element T>
+  requires(!fp8_element<T>)
+void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads, std::size_t group,
+                            const T* keys, const T* values, std::size_t n_tokens,
+                            std::size_t head_dim, float softmax_scale, std::span<float> out,
+                            dense_workspace& ws) {
+  detail::dense_attend_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+                                           head_dim, softmax_scale, nullptr, out, ws);
+}
+
+/// The same for an fp8 layer: scales[h] is KV head h's (k_scale, v_scale), finite, > 0.
+template <fp8_element T>
+void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads, std::size_t group,
+                            const T* keys, const T* values, std::size_t n_tokens,
+                            std::size_t head_dim, float softmax_scale,
+                            std::span<const fp8_scales> scales, std::span<float> out,
+                            dense_workspace& ws) {
+  detail::check_layer_scales(scales, kv_heads);
+  detail::dense_attend_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+                                           head_dim, softmax_scale, scales.data(), out, ws);
 }
 
 }  // namespace certattn
