@@ -14,6 +14,7 @@
 #include <certattn/exact.hpp>
 #include <certattn/reference.hpp>
 
+#include "support/harness.hpp"
 #include "support/layouts.hpp"
 
 #include <gtest/gtest.h>
@@ -289,6 +290,164 @@ TEST(Positions, OnePositionIsAttendGroup) {
 
 /// A sliding window shorter than the positions: each position attends its own few newest
 /// tokens only (no pool: exact answers), and the causal dense kernel's shared pass is empty.
+/// A history that routes its next call to the dense kernel (two calls that lost).
+group_history routing_history(std::size_t G) {
+  group_history h(G);
+  const std::vector<int> none(G, -1);
+  h.record_sparse(5.0, none, noise_key{0, 9, 9});
+  h.record_sparse(5.0, none, noise_key{1, 9, 9});
+  return h;
+}
+
+/// ||o - o_exact|| on the options' error scale (the denominator scale: checked apart).
+double scaled_error(const float* o, const exact_result& ex, const options& opt) {
+  double e2 = 0.0;
+  for (std::size_t i = 0; i < ex.output.size(); ++i)
+    e2 += (double(o[i]) - ex.output[i]) * (double(o[i]) - ex.output[i]);
+  const double err = std::sqrt(e2);
+  switch (opt.scale) {
+    case error_scale::kValueScale: return err / ex.value_scale;
+    case error_scale::kOutputNorm: return err / ex.output_norm;
+    case error_scale::kDenominator: return 0.0;
+  }
+  return 0.0;
+}
+
+// A routed call of several positions reads the tokens every position attends once, for all
+// Q G queries (each position's own drafts, and a sliding window's older tokens, joined in
+// double): every head is routed and exact, each certified head is within epsilon of exact
+// attention over its prefix on every error scale, down to the smallest epsilon (whose
+// heads need the double path), the answers agree with a routed call per position, and the
+// call reads fewer bytes than a dense pass per position. A position bias (ALiBi), whose
+// scores depend on each position's newest token, takes a dense pass per position.
+TEST(Positions, RoutedCallReadsTheSharedTokensOnce) {
+  const std::size_t n = 3000, d = 64, G = 2;
+  const synthetic::kv_cache src = one_head_source(n, d);
+  const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
+  const auto kv = cache.strided(0);
+  const dense_rows<std::decay_t<decltype(kv)>> rows(kv);
+  key_index idx(d);
+  idx.build(kv);
+  // Each position's own index (its prefix's), for the routed call per position.
+  std::vector<key_index> prefix_idx;
+  for (std::size_t p = 0; p < 8; ++p) {
+    prefix_idx.push_back(idx);
+    prefix_idx.back().truncate(kv, n - 7 + p);
+  }
+  const case_variant cv(G);
+  std::size_t heads = 0, certified = 0;
+  for (std::size_t Q : {2u, 8u})
+    for (int variant = 0; variant < 4; ++variant)
+      for (const error_scale scale :
+           {error_scale::kValueScale, error_scale::kOutputNorm, error_scale::kDenominator})
+        for (const double eps : {0.05, options::kMinEpsilon}) {
+          SCOPED_TRACE("Q " + std::to_string(Q) + " variant " + std::to_string(variant) +
+                       " scale " + std::string(to_string(scale)) + " eps " + std::to_string(eps));
+          options opt;
+          opt.epsilon = eps;
+          opt.scale = scale;
+          opt.route = routing::kAuto;
+          if (variant >= 1) {  // soft-cap and sinks
+            opt.variant.logit_softcap = cv.v.logit_softcap;
+            opt.variant.sinks = cv.v.sinks;
+          }
+          if (variant >= 2) opt.variant.sliding_window = 2600;  // older tokens per position
+          if (variant == 3) opt.variant.alibi_slopes = cv.v.alibi_slopes;
+          std::vector<float> q;
+          for (std::size_t p = 0; p < Q; ++p) {
+            const std::vector<float> qp = synthetic::make_queries(src, 0, G, 40 + p);
+            q.insert(q.end(), qp.begin(), qp.end());
+          }
+          attend_workspace ws(Q * G, d, n);
+          std::vector<float> out(Q * G * d);
+          std::vector<certificate> certs(Q * G);
+          group_history h = routing_history(G);
+          attend_positions(std::span<const float>(q), Q, G, kv, idx, noise_key{3, 0, 0}, opt,
+                           std::span<float>(out), std::span<certificate>(certs), ws, h);
+          const std::size_t one_pass_bytes = ws.last_stats().bytes_read;
+          std::size_t per_position_bytes = 0;
+          for (std::size_t p = 0; p < Q; ++p) {
+            const auto view = kv.prefix(n - Q + 1 + p);
+            const key_index& idx_p = prefix_idx[8 - Q + p];
+            attend_workspace ws_p(G, d, n);
+            std::vector<float> out_p(G * d);
+            std::vector<certificate> certs_p(G);
+            group_history h_p = routing_history(G);
+            attend_group(std::span<const float>(q.data() + p * G * d, G * d), G, view, idx_p,
+                         noise_key{3, 0, 0}, opt, std::span<float>(out_p),
+                         std::span<certificate>(certs_p), ws_p, h_p);
+            per_position_bytes += ws_p.last_stats().bytes_read;
+            for (std::size_t g = 0; g < G; ++g) {
+              const certificate& c = certs[p * G + g];
+              ASSERT_EQ(c.path, answer_path::kRouted) << "p " << p << " g " << g;
+              ASSERT_TRUE(c.exact);
+              ++heads;
+              const exact_result ex = exact_at(q, p, g, Q, G, kv, rows, opt);
+              for (std::size_t i = 0; i < d; ++i)
+                ASSERT_NEAR(out[(p * G + g) * d + i], out_p[g * d + i],
+                            1e-5 * (1.0 + std::fabs(ex.output[i])))
+                    << "p " << p << " g " << g << " channel " << i;
+              if (!c.certified) continue;
+              ++certified;
+              EXPECT_LE(scaled_error(out.data() + (p * G + g) * d, ex, opt), opt.epsilon)
+                  << "p " << p << " g " << g;
+              if (scale == error_scale::kDenominator) {
+                const double den = c.denominator * std::exp(c.max_score - ex.max_score);
+                EXPECT_LE(std::fabs(den - ex.denominator), opt.epsilon * ex.denominator)
+                    << "p " << p << " g " << g;
+              }
+            }
+          }
+          // Where the float pass certifies (not at the smallest epsilon, nor on the output-norm
+          // scale of these nearly cancelling values, whose heads take the double path either
+          // way): one pass instead of eight.
+          if (Q == 8 && variant < 3 && eps > 0.01 && scale != error_scale::kOutputNorm)
+            EXPECT_LT(4 * one_pass_bytes, per_position_bytes);
+        }
+  EXPECT_GT(certified, heads / 2);
+}
+
+// The routed call of several positions on values that nearly cancel (pairs of identical
+// keys with values +A x and -A x plus a small offset: ||o|| / M about 2e-8), on the
+// output-norm scale: the float pass's error is far above epsilon ||o||, so a certified
+// head must have come through the double path; no certified head may miss epsilon.
+TEST(Positions, RoutedCallNearCancellingValuesNeverOverclaims) {
+  const std::size_t n = 4096, d = 32, G = 1, Q = 4;
+  std::size_t certified = 0, violations = 0;
+  for (std::uint64_t trial = 0; trial < 25; ++trial) {
+    const double A = 1000.0;
+    const test::head_cache<float> cache(
+        n, d, [&](std::size_t t, std::size_t i) { return test::gauss(trial * 31 + t % (n / 2), i); },
+        [&](std::size_t t, std::size_t i) {
+          const double x = test::gauss(trial * 77 + t % (n / 2), i + 500);
+          return (t < n / 2 ? A * x : -A * x) + 2e-5;
+        });
+    key_index idx(d);
+    idx.build(cache.view());
+    std::vector<float> q(Q * d);
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = float(test::gauss(trial, 9000 + i));
+    options opt;
+    opt.scale = error_scale::kOutputNorm;
+    attend_workspace ws(Q * G, d, n);
+    std::vector<float> out(Q * d);
+    std::vector<certificate> certs(Q);
+    group_history h = routing_history(G);
+    attend_positions(std::span<const float>(q), Q, G, cache.view(), idx, noise_key{trial, 0, 0},
+                     opt, std::span<float>(out), std::span<certificate>(certs), ws, h);
+    for (std::size_t p = 0; p < Q; ++p) {
+      ASSERT_EQ(certs[p].path, answer_path::kRouted);
+      if (!certs[p].certified) continue;
+      ++certified;
+      const std::size_t n_p = n - Q + 1 + p;
+      const exact_result ex = exact_attention(std::span<const float>(q.data() + p * d, d),
+                                              cache.key_matrix(n_p), cache.value_matrix(n_p));
+      violations += scaled_error(out.data() + p * d, ex, opt) > opt.epsilon;
+    }
+  }
+  EXPECT_EQ(violations, 0u) << certified << " certified";
+  EXPECT_GT(certified, 0u);
+}
+
 TEST(Positions, SlidingWindowShorterThanThePositions) {
   const std::size_t n = 3000, d = 64, G = 2, Q = 6;
   const synthetic::kv_cache src = one_head_source(n, d, 21);

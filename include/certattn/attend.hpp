@@ -158,7 +158,8 @@ void attend_group(std::span<const float> queries, std::size_t group, const KV& k
 /// the window, the earlier drafts lie in the later positions' pools, sampled like any key.
 /// After verification, key_index::truncate() drops the rejected drafts (docs/integration.md).
 /// history: as attend_group()'s; its hints apply to every position, it keeps the newest
-/// position's levels, and it routes the whole call (then each position reads the cache).
+/// position's levels, and it routes the whole call (then one dense pass reads the tokens
+/// every position attends, for all of them, where no position bias is set).
 template <kv_view KV>
 void attend_positions(std::span<const float> queries, std::size_t positions, std::size_t group,
                       const KV& kv, const key_index& idx, const noise_key& nk, const options& opt,

@@ -173,15 +173,18 @@ struct attend_stages : row_access {
     {
       const call_context cx = position_context(newest, Q - 1);
       if (cx.pool_end > cx.first && history && history->routes_dense(user_opt)) {
-        for (std::size_t p = 0; p < Q; ++p) {
-          const kv_prefix<KV> view(kv, n - Q + 1 + p);
-          const call_context cp = position_context(view, p);
-          begin_stats(cp, ws);
-          route_dense(view, idx, queries.subspan(p * G * d, G * d), cp,
-                      out.subspan(p * G * dv, G * dv), certs.subspan(p * G, G), ws,
-                      answer_path::kRouted);
-          add(ws.stats_);
-        }
+        // One pass over the tokens every position attends where it applies, else a dense
+        // pass per position.
+        if (!route_positions(kv, idx, queries, Q, G, position_context, out, certs, ws, total))
+          for (std::size_t p = 0; p < Q; ++p) {
+            const kv_prefix<KV> view(kv, n - Q + 1 + p);
+            const call_context cp = position_context(view, p);
+            begin_stats(cp, ws);
+            route_dense(view, idx, queries.subspan(p * G * d, G * d), cp,
+                        out.subspan(p * G * dv, G * dv), certs.subspan(p * G, G), ws,
+                        answer_path::kRouted);
+            add(ws.stats_);
+          }
         ws.stats_ = total;
         ws.stats_.dense_bytes = cx.attended() * (cx.key_bytes + cx.value_bytes);
         if (timed)
@@ -847,6 +850,131 @@ struct attend_stages : row_access {
       }
     }
     for (std::size_t g = 0; g < group; ++g) certs[g].bytes_read = stats.bytes_read / group;
+  }
+
+  /// The routed call of Q positions (run_positions()) in one pass of the dense kernel over
+  /// the tokens every position attends, [lo, hi) = [the newest position's first token,
+  /// n - Q + 1), for all Q G queries, as dense_attend_positions() reads them; each
+  /// position's other tokens (the drafts before it, and the sliding window's older tokens
+  /// it still sees) join its heads' sums in double. Each head's certificate bounds every
+  /// term's relative error by the larger of the float pass's (dense_kernel_eta() over its
+  /// hi - lo tokens, then the rescale to the head's reference in double and the double
+  /// sums) and the double terms' (double_path_eta()); a head whose bound misses epsilon is
+  /// answered again on the double path over its own tokens, as route_dense() does. False
+  /// (nothing answered) where the pass does not apply: one position, no shared token, a
+  /// position bias (its scores depend on the newest token), or a query the float pass does
+  /// not take.
+  template <kv_view KV, class ContextOf>
+  static bool route_positions(const KV& kv, const key_index& idx, std::span<const float> queries,
+                              std::size_t Q, std::size_t G, const ContextOf& context_of,
+                              std::span<float> out, std::span<certificate> certs,
+                              attend_workspace& ws, group_stats& total) {
+    using namespace detail;
+    const std::size_t n = kv.size(), d = kv.head_dim(), dv = value_dim_of(kv);
+    const call_context newest = context_of(kv_prefix<KV>(kv, n), Q - 1);
+    const std::size_t lo = newest.first, hi = n - Q + 1;
+    if (Q < 2 || lo >= hi || !newest.user.variant.alibi_slopes.empty() || newest.scale > 0x1p100)
+      return false;  // one position: route_dense(), as attend_group() answers it
+    for (std::size_t i = 0; i < Q * G; ++i) {
+      double qmax = 0.0;
+      for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(queries[i * d + j])));
+      if (newest.scale * qmax > 0x1p100) return false;
+    }
+    const isa which = newest.kernels.which;
+    attention_variant scores_only;  // the float pass's scores; the sinks join below
+    scores_only.logit_softcap = newest.user.variant.logit_softcap;
+    dense_partial(queries, Q * G, kv, float(newest.scale), lo, hi,
+                  std::span<float>(ws.exact_m_.data(), Q * G), std::span<float>(ws.exact_l_.data(), Q * G),
+                  std::span<float>(ws.exact_out_.data(), Q * G * dv), ws.dense_ws_, scores_only);
+    const std::size_t row_bytes = newest.key_bytes + newest.value_bytes;
+    for (std::size_t p = 0; p < Q; ++p) {
+      const kv_prefix<KV> view(kv, n - Q + 1 + p);
+      const call_context cx = context_of(view, p);
+      begin_stats(cx, ws);
+      const double vmax = value_norm_max(idx, cx);
+      const std::size_t tail = cx.attended() - (hi - lo);  // [first, lo) and [hi, n_p)
+      std::size_t redo = 0;
+      for (std::size_t g = 0; g < G; ++g) {
+        const std::size_t r = p * G + g;
+        const head_variant hv = cx.head(g);
+        const float* q = queries.data() + r * d;
+        float* o = out.data() + r * dv;
+        if (ws.record_) ws.recorded_[cx.head0 + g].clear();
+        auto score = [&](std::size_t t) {
+          return hv.score(cx.scale * score_dot_fast(q, key_of(view, t, cx), d, which), t);
+        };
+        const double mf = ws.exact_m_[r], lf = ws.exact_l_[r];
+        double c = mf;
+        for (std::size_t t = cx.first; t < lo; ++t) c = std::max(c, score(t));
+        for (std::size_t t = hi; t < cx.n; ++t) c = std::max(c, score(t));
+        if (hv.has_sink) c = std::max(c, hv.sink);
+        const double to_ref = std::exp(mf - c);
+        double den = lf * to_ref + (hv.has_sink ? std::exp(hv.sink - c) : 0.0);
+        double* num = ws.exact_num_.data();
+        for (std::size_t j = 0; j < dv; ++j) num[j] = double(ws.exact_out_[r * dv + j]) * to_ref;
+        auto join = [&](std::size_t t) {
+          const double w = std::exp(score(t) - c);
+          den += w;
+          accumulate_row(value_of(view, t, cx), dv, w, num, which);
+        };
+        for (std::size_t t = cx.first; t < lo; ++t) join(t);
+        for (std::size_t t = hi; t < cx.n; ++t) join(t);
+        bool finite = std::isfinite(den) && den > 0.0 && std::fabs(c) <= 1024.0;
+        for (std::size_t j = 0; j < dv; ++j) finite &= std::isfinite(o[j] = float(num[j] / den));
+        const double magnitude = variant_magnitude(q, g, cx, idx);
+        exact_rounding& er = ws.exact_rounding_[g];
+        er = {};
+        er.head_dim = dv;
+        ws.head_max_[g] = c;
+        ws.window_weight_[g] = den;
+        certificate& cert = certs[r];
+        cert = {};
+        cert.exact = true;
+        cert.path = answer_path::kRouted;
+        cert.keys_read = cert.values_read = cx.attended();
+        if (finite) {
+          // The float pass's terms: its own error, then e^(mf - c) (argument and exp in
+          // double) and the double sums they join; the other terms: the double path's.
+          const double sums = rounding_gamma(double(tail) + 3.0, kDoubleUnit);
+          const double shift = 2.0001 * kDoubleUnit * (magnitude + std::fabs(c)) + 4.0 * kDoubleUnit;
+          const double eta_f = dense_kernel_eta(hi - lo, d, magnitude);
+          const double float_terms = compose_relative(eta_f + sums + eta_f * sums, shift);
+          const double double_terms = double_path_eta(tail + 3, magnitude + std::fabs(c) * 0x1p-40);
+          er.eta = std::max(float_terms, double_terms) * (1.0 + 0x1p-40);
+          er.spread = vmax;  // uncentred sums: >= sum_i a_i ||v_i||
+          cert.max_score = c;
+          cert.denominator = den;
+          certify_exact_answer(er, output_norm(o, dv), den, cx.user, cert);
+        }
+        if (!cert.certified) {
+          ws.exact_heads_[redo++] = std::uint32_t(g);
+          ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
+        }
+      }
+      group_stats& stats = ws.stats_;
+      stats.keys_read = stats.values_read = cx.attended();
+      stats.routed = G;
+      stats.dense_bytes = cx.attended() * row_bytes;
+      // The shared pass's bytes once (at the newest position), each position's own tokens.
+      stats.bytes_read = (tail + (p + 1 == Q ? hi - lo : 0)) * row_bytes;
+      if (redo > 0) {
+        const float* qp = queries.data() + p * G * d;
+        float* op = out.data() + p * G * dv;
+        exact_heads(view, idx, qp, cx, redo, op, ws, true, vmax);
+        stats.bytes_read += redo * cx.attended() * row_bytes;  // the double path: a pass per head
+        for (std::size_t i = 0; i < redo; ++i) {
+          const std::size_t g = ws.exact_heads_[i];
+          certificate& cert = certs[p * G + g];
+          cert.max_score = ws.head_max_[g];
+          cert.denominator = ws.window_weight_[g];
+          certify_exact_answer(ws.exact_rounding_[g], output_norm(op + g * dv, dv),
+                               cert.denominator, cx.user, cert);
+        }
+      }
+      for (std::size_t g = 0; g < G; ++g) certs[p * G + g].bytes_read = stats.bytes_read / G;
+      add_stats(total, stats);
+    }
+    return true;
   }
 };
 
