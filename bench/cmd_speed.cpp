@@ -194,12 +194,12 @@ class nhd_dense_split {
     const std::size_t H = lc.heads(), d = d_, row = H * format_traits<T>::units(d);
     // One layer pass over tokens [t0, t1): fp8 with its scales.
     auto layer = [&](std::size_t t0, std::size_t t1, std::span<float> o, dense_workspace& w) {
+      const T* k = lc.keys<T>() + t0 * row;
+      const T* v = lc.values<T>() + t0 * row;
       if constexpr (fp8_element<T>)
-        dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>() + t0 * row, lc.values<T>() + t0 * row, t1 - t0, d,
-                                  scale, lc.scales(), o, w);
+        dense_attend_nhd_layer<T>(q, H, group, k, v, t1 - t0, d, scale, lc.scales(), o, w);
       else
-        dense_attend_nhd_layer<T>(q, H, group, lc.keys<T>() + t0 * row, lc.values<T>() + t0 * row, t1 - t0, d,
-                                  scale, o, w);
+        dense_attend_nhd_layer<T>(q, H, group, k, v, t1 - t0, d, scale, o, w);
     };
     if (parts() == 1) {
       layer(0, lc.tokens(), out, ws[0]);

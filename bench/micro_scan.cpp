@@ -74,7 +74,9 @@ void scan(benchmark::State& state) {
   const double iters = double(state.iterations());
   state.counters["GB/s"] = benchmark::Counter(bytes * iters, benchmark::Counter::kIsRate);
   state.counters["keys/s"] = benchmark::Counter(double(pool_end) * iters, benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(certattn::to_string(which)) + (amx && certattn::detail::amx::serves(G) ? " + amx" : "") + (cold ? ", from memory" : ", cache-resident"));
+  const bool tiles = amx && certattn::detail::amx::serves(G);
+  state.SetLabel(std::string(certattn::to_string(which)) + (tiles ? " + amx" : "") +
+                 (cold ? ", from memory" : ", cache-resident"));
 }
 
 void scan_args(benchmark::internal::Benchmark* b) {

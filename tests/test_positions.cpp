@@ -417,7 +417,8 @@ TEST(Positions, RoutedCallNearCancellingValuesNeverOverclaims) {
   for (std::uint64_t trial = 0; trial < 25; ++trial) {
     const double A = 1000.0;
     const test::head_cache<float> cache(
-        n, d, [&](std::size_t t, std::size_t i) { return test::gauss(trial * 31 + t % (n / 2), i); },
+        n, d,
+        [&](std::size_t t, std::size_t i) { return test::gauss(trial * 31 + t % (n / 2), i); },
         [&](std::size_t t, std::size_t i) {
           const double x = test::gauss(trial * 77 + t % (n / 2), i + 500);
           return (t < n / 2 ? A * x : -A * x) + 2e-5;

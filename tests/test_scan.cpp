@@ -306,7 +306,8 @@ std::vector<float> run_x86_scan(const certattn::key_index& idx, const float* qpa
   else
     dt::scan_avx512(r);
   for (std::size_t g = 0; g < nq; ++g)  // the tail past pool_end is unspecified
-    std::fill(u.begin() + std::ptrdiff_t(g * nb * B + pool_end), u.begin() + std::ptrdiff_t((g + 1) * nb * B), 0.0f);
+    std::fill(u.begin() + std::ptrdiff_t(g * nb * B + pool_end),
+              u.begin() + std::ptrdiff_t((g + 1) * nb * B), 0.0f);
   u.insert(u.end(), bmax.begin(), bmax.end());
   for (const auto& c : res) {
     u.push_back(c.holder);
@@ -331,7 +332,8 @@ TEST(ScanTest, AmxTilesGiveTheVnniBits) {
     std::vector<half> keys(n * d);
     for (std::size_t t = 0; t < n; ++t)
       for (std::size_t i = 0; i < d; ++i)
-        keys[t * d + i] = half((i % 13 == 4 ? 50.0f : 1.0f) * (t % 97 == 3 ? 30.0f : 1.0f) * nd(rng));
+        keys[t * d + i] =
+            half((i % 13 == 4 ? 50.0f : 1.0f) * (t % 97 == 3 ? 30.0f : 1.0f) * nd(rng));
     const std::vector<half> values(n * d, half(1.0f));
     const certattn::strided_kv<half> kv(keys.data(), values.data(), n, d, d, d);
     certattn::key_index idx(d);

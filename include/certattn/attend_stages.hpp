@@ -877,14 +877,16 @@ struct attend_stages : row_access {
       return false;  // one position: route_dense(), as attend_group() answers it
     for (std::size_t i = 0; i < Q * G; ++i) {
       double qmax = 0.0;
-      for (std::size_t j = 0; j < d; ++j) qmax = std::max(qmax, std::fabs(double(queries[i * d + j])));
+      for (std::size_t j = 0; j < d; ++j)
+        qmax = std::max(qmax, std::fabs(double(queries[i * d + j])));
       if (newest.scale * qmax > 0x1p100) return false;
     }
     const isa which = newest.kernels.which;
     attention_variant scores_only;  // the float pass's scores; the sinks join below
     scores_only.logit_softcap = newest.user.variant.logit_softcap;
     dense_partial(queries, Q * G, kv, float(newest.scale), lo, hi,
-                  std::span<float>(ws.exact_m_.data(), Q * G), std::span<float>(ws.exact_l_.data(), Q * G),
+                  std::span<float>(ws.exact_m_.data(), Q * G),
+                  std::span<float>(ws.exact_l_.data(), Q * G),
                   std::span<float>(ws.exact_out_.data(), Q * G * dv), ws.dense_ws_, scores_only);
     const std::size_t row_bytes = newest.key_bytes + newest.value_bytes;
     for (std::size_t p = 0; p < Q; ++p) {
@@ -936,7 +938,8 @@ struct attend_stages : row_access {
           // The float pass's terms: its own error, then e^(mf - c) (argument and exp in
           // double) and the double sums they join; the other terms: the double path's.
           const double sums = rounding_gamma(double(tail) + 3.0, kDoubleUnit);
-          const double shift = 2.0001 * kDoubleUnit * (magnitude + std::fabs(c)) + 4.0 * kDoubleUnit;
+          const double shift =
+              2.0001 * kDoubleUnit * (magnitude + std::fabs(c)) + 4.0 * kDoubleUnit;
           const double eta_f = dense_kernel_eta(hi - lo, d, magnitude);
           const double float_terms = compose_relative(eta_f + sums + eta_f * sums, shift);
           const double double_terms = double_path_eta(tail + 3, magnitude + std::fabs(c) * 0x1p-40);

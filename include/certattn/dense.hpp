@@ -584,14 +584,17 @@ void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t 
       });
 }
 
-/// An fp8 layer's scales, one pair per KV head, each finite and > 0.
+/// An fp8 layer's scales, one pair per KV head, each finite and > 0 (the error names the
+/// pair and the part; nothing allocated when they are).
 inline void check_layer_scales(std::span<const fp8_scales> scales, std::size_t kv_heads) {
   dense_check_size(scales.size(), kv_heads, "scales", "kv_heads");
-  for (std::size_t h = 0; h < kv_heads; ++h) {
-    const std::string at = "scales[" + std::to_string(h) + "]";
-    check_cache_scale(scales[h].key, (at + ".key").c_str());
-    check_cache_scale(scales[h].value, (at + ".value").c_str());
-  }
+  auto ok = [](float s) { return s > 0.0f && s <= std::numeric_limits<float>::max(); };
+  for (std::size_t h = 0; h < kv_heads; ++h)
+    for (const bool key : {true, false}) {
+      const float s = key ? scales[h].key : scales[h].value;
+      if (!ok(s))
+        check_cache_scale(s, ("scales[" + std::to_string(h) + (key ? "].key" : "].value")).c_str());
+    }
 }
 }  // namespace detail
 

@@ -22,10 +22,12 @@
 //
 // Schedule. Per block: prepare, unpack the block's codes, then per chunk of 8 queries
 // keep its A tiles resident (kt <= 4) and stream the 8 groups' B tiles through two tile
-// registers, with two C tiles alternating between groups. A tile load does not take data
-// from the store buffer: it waits until the stores it reads reach the cache. Hence the
-// whole block is unpacked before its first tile load, and a group's C tile is stored one
-// group and read back (by the finish) two groups after its multiplies were issued.
+// registers, with two C tiles alternating between groups; a group's C tile is stored one
+// group and read back (by the finish) two groups after its multiplies were issued, and
+// the next block's codes are prefetched a group at a time between the multiplies. The
+// whole block is unpacked before its first tile load: unpacking the next block's groups
+// between the current block's multiplies was slower at every G (docs/fast-path.md, "The
+// scan on AMX tiles").
 #pragma once
 
 #include <certattn/arch/avx512/scan_kernels.hpp>
@@ -37,7 +39,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #if defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <sys/syscall.h>
@@ -56,9 +57,9 @@ inline constexpr std::size_t kTileBytes = 1024;        // 16 rows of 64 bytes
 inline constexpr std::size_t kQueriesPerTile = 8;      // two planes each: 16 rows
 inline constexpr std::size_t kChannelsPerTile = 64;    // K bytes of one tile row
 inline constexpr std::size_t kResultBuffers = 4;       // C tiles stored, in turn
-/// The fewest queries the scan runs on tiles. Below it, preparing each block's A rows
-/// and unpacking its codes into B tiles (two 64-byte stores per line, which the tile loads
-/// then wait for) cost what the vpdpbusd they replace cost, or more. Sapphire Rapids guest,
+/// The fewest queries the scan runs on tiles. Below it, unpacking each block's codes into
+/// B tiles (two 64-byte stores per line) and storing and reloading the sums cost what the
+/// vpdpbusd they replace cost, or more. Sapphire Rapids guest,
 /// `certattn-micro --benchmark_filter=scan/n:131072` (128K tokens, head_dim 128), us per
 /// call, VNNI against tiles: G = 1/2/4 cache-resident 347/466/719 against 421/518/690,
 /// from memory G = 1 373-380 against 511-555, G = 4 763-805 against 801-829; from memory
@@ -221,9 +222,18 @@ CERTATTN_TARGET_AMX __attribute__((always_inline)) inline void finish_group(
     if (resident) {                                                                          \
       CERTATTN_TILE_LOAD(2, bg, 64);                                                         \
       CERTATTN_TILE_DPBSUD(C, 4, 2);                                                         \
-      if (kt > 1) { CERTATTN_TILE_LOAD(3, bg + kTileBytes, 64); CERTATTN_TILE_DPBSUD(C, 5, 3); } \
-      if (kt > 2) { CERTATTN_TILE_LOAD(2, bg + 2 * kTileBytes, 64); CERTATTN_TILE_DPBSUD(C, 6, 2); } \
-      if (kt > 3) { CERTATTN_TILE_LOAD(3, bg + 3 * kTileBytes, 64); CERTATTN_TILE_DPBSUD(C, 7, 3); } \
+      if (kt > 1) {                                                                          \
+        CERTATTN_TILE_LOAD(3, bg + kTileBytes, 64);                                          \
+        CERTATTN_TILE_DPBSUD(C, 5, 3);                                                       \
+      }                                                                                      \
+      if (kt > 2) {                                                                          \
+        CERTATTN_TILE_LOAD(2, bg + 2 * kTileBytes, 64);                                      \
+        CERTATTN_TILE_DPBSUD(C, 6, 2);                                                       \
+      }                                                                                      \
+      if (kt > 3) {                                                                          \
+        CERTATTN_TILE_LOAD(3, bg + 3 * kTileBytes, 64);                                      \
+        CERTATTN_TILE_DPBSUD(C, 7, 3);                                                       \
+      }                                                                                      \
     } else {                                                                                 \
       for (std::size_t k = 0; k + 1 < kt; k += 2) {                                          \
         CERTATTN_TILE_LOAD(4, a + 64 * k, a_row);                                            \
@@ -277,7 +287,8 @@ CERTATTN_TARGET_AMX inline void scan_chunk(const std::uint8_t* b, const std::int
     }
     if (next_codes != nullptr)
       for (std::size_t o = 0; o < group_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next_codes + grp * group_bytes + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(next_codes + grp * group_bytes + o),
+                     _MM_HINT_T0);
     if (grp >= 2) finish_group(result(grp - 2), rho, grp - 2, valid, prep, n, u, u_stride, mx);
   }
   CERTATTN_TILE_STORE(1, result(kGroupsPerBlock - 1));
