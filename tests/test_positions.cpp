@@ -30,6 +30,8 @@ namespace {
 
 using namespace certattn;
 using test::layout_kind;
+using test::routing_history;
+using test::scaled_error;
 
 struct positions_case {
   layout_kind layout;
@@ -288,31 +290,6 @@ TEST(Positions, OnePositionIsAttendGroup) {
   }
 }
 
-/// A sliding window shorter than the positions: each position attends its own few newest
-/// tokens only (no pool: exact answers), and the causal dense kernel's shared pass is empty.
-/// A history that routes its next call to the dense kernel (two calls that lost).
-group_history routing_history(std::size_t G) {
-  group_history h(G);
-  const std::vector<int> none(G, -1);
-  h.record_sparse(5.0, none, noise_key{0, 9, 9});
-  h.record_sparse(5.0, none, noise_key{1, 9, 9});
-  return h;
-}
-
-/// ||o - o_exact|| on the options' error scale (the denominator scale: checked apart).
-double scaled_error(const float* o, const exact_result& ex, const options& opt) {
-  double e2 = 0.0;
-  for (std::size_t i = 0; i < ex.output.size(); ++i)
-    e2 += (double(o[i]) - ex.output[i]) * (double(o[i]) - ex.output[i]);
-  const double err = std::sqrt(e2);
-  switch (opt.scale) {
-    case error_scale::kValueScale: return err / ex.value_scale;
-    case error_scale::kOutputNorm: return err / ex.output_norm;
-    case error_scale::kDenominator: return 0.0;
-  }
-  return 0.0;
-}
-
 // A routed call of several positions reads the tokens every position attends once, for all
 // Q G queries (each position's own drafts, and a sliding window's older tokens, joined in
 // double): every head is routed and exact, each certified head is within epsilon of exact
@@ -449,6 +426,8 @@ TEST(Positions, RoutedCallNearCancellingValuesNeverOverclaims) {
   EXPECT_GT(certified, 0u);
 }
 
+/// A sliding window shorter than the positions: each position attends its own few newest
+/// tokens only (no pool: exact answers), and the causal dense kernel's shared pass is empty.
 TEST(Positions, SlidingWindowShorterThanThePositions) {
   const std::size_t n = 3000, d = 64, G = 2, Q = 6;
   const synthetic::kv_cache src = one_head_source(n, d, 21);

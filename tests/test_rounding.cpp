@@ -20,28 +20,8 @@ namespace {
 
 using namespace certattn;
 
-/// ||o~ - o|| over the scale the certificate is stated on.
-double scaled_error(const float* o, const exact_result& ex, const options& opt) {
-  double e2 = 0.0;
-  for (std::size_t i = 0; i < ex.output.size(); ++i)
-    e2 += (double(o[i]) - ex.output[i]) * (double(o[i]) - ex.output[i]);
-  const double err = std::sqrt(e2);
-  switch (opt.scale) {
-    case error_scale::kValueScale: return ex.value_scale > 0 ? err / ex.value_scale : err;
-    case error_scale::kOutputNorm: return ex.output_norm > 0 ? err / ex.output_norm : (err > 0 ? INFINITY : 0.0);
-    case error_scale::kDenominator: return 0.0;  // checked through the denominator
-  }
-  return 0.0;
-}
-
-/// A history that routes its next call to the dense kernel (two calls that lost).
-group_history routing_history(std::size_t G) {
-  group_history h(G);
-  const std::vector<int> none(G, -1);
-  h.record_sparse(5.0, none, noise_key{0, 9, 9});
-  h.record_sparse(5.0, none, noise_key{1, 9, 9});
-  return h;
-}
+using test::routing_history;
+using test::scaled_error;
 
 TEST(Rounding, EpsilonHasAFloorNamedInTheError) {
   options o;

@@ -53,15 +53,16 @@ class ScanTest : public ::testing::TestWithParam<case_param> {};
 /// The scan of idx's tokens [0, pool_end) for nq padded queries ([nq][padded_dim]) with
 /// kernel a: the bounds u ([nq][blocks * 128], 0 past pool_end's block) and block maxima.
 /// With `residual`, also the residual coefficients ([nq][blocks]).
-std::pair<std::vector<float>, std::vector<float>> run_scan(
+template <class Kernel>
+std::pair<std::vector<float>, std::vector<float>> run_scan_with(
     const certattn::key_index& idx, const float* qpad, std::size_t nq, double scale,
-    std::size_t pool_end, certattn::isa a,
-    std::vector<certattn::detail::residual_coefficients>* residual = nullptr) {
+    std::size_t pool_end, Kernel&& kernel, std::vector<std::int8_t> qa,
+    std::vector<certattn::detail::residual_coefficients>* residual) {
+  namespace dt = certattn::detail;
   const std::size_t B = certattn::key_index::kBlockTokens, nb = (pool_end + B - 1) / B;
   std::vector<float> u(nq * nb * B, 0.0f), bmax(nq * nb, 0.0f);
   if (residual) residual->assign(nq * nb, {});
-  std::vector<std::int8_t> qa(certattn::scan_query_bytes(nq, idx.padded_dim()));
-  std::vector<certattn::detail::block_query_prep> prep(nq);
+  std::vector<dt::block_query_prep> prep(nq);
   certattn::scan_request r;
   r.index = &idx;
   r.queries = qpad;
@@ -78,8 +79,18 @@ std::pair<std::vector<float>, std::vector<float>> run_scan(
     r.residual = residual->data();
     r.residual_stride = nb;
   }
-  certattn::scan_score_bounds(r, a);
+  kernel(r);
   return {std::move(u), std::move(bmax)};
+}
+
+std::pair<std::vector<float>, std::vector<float>> run_scan(
+    const certattn::key_index& idx, const float* qpad, std::size_t nq, double scale,
+    std::size_t pool_end, certattn::isa a,
+    std::vector<certattn::detail::residual_coefficients>* residual = nullptr) {
+  return run_scan_with(
+      idx, qpad, nq, scale, pool_end,
+      [a](const certattn::scan_request& r) { certattn::scan_score_bounds(r, a); },
+      std::vector<std::int8_t>(certattn::scan_query_bytes(nq, idx.padded_dim())), residual);
 }
 
 /// The nested 8-bit refinement bound of every token [0, pool_end) and query, from the
@@ -280,31 +291,16 @@ std::vector<float> run_x86_scan(const certattn::key_index& idx, const float* qpa
   namespace dt = certattn::detail;
   const std::size_t B = certattn::key_index::kBlockTokens, nb = (pool_end + B - 1) / B;
   const std::size_t dp = idx.padded_dim();
-  std::vector<float> u(nq * nb * B, 0.0f), bmax(nq * nb, 0.0f);
-  std::vector<dt::residual_coefficients> res(nq * nb);
-  // Filled with a pattern: the kernels must not read scratch they did not write.
-  std::vector<std::int8_t> qa(std::max(dt::query_plane_bytes(nq, dp),
-                                       dt::amx::scratch_layout(nq, dp).total()),
-                              std::int8_t(0x5A));
-  std::vector<dt::block_query_prep> prep(nq);
-  certattn::scan_request r;
-  r.index = &idx;
-  r.queries = qpad;
-  r.nq = nq;
-  r.softmax_scale = scale;
-  r.pool_end = pool_end;
-  r.u = u.data();
-  r.u_stride = nb * B;
-  r.block_max = bmax.data();
-  r.block_stride = nb;
-  r.qa = qa.data();
-  r.prep = prep.data();
-  r.residual = res.data();
-  r.residual_stride = nb;
-  if (tiles)
-    dt::scan_amx(r);
-  else
-    dt::scan_avx512(r);
+  std::vector<dt::residual_coefficients> res;
+  // Room for the AMX scan run directly at any nq, filled with a pattern: the kernels must
+  // not read scratch they did not write.
+  std::vector<std::int8_t> qa(
+      std::max(dt::query_plane_bytes(nq, dp), dt::amx::scratch_layout(nq, dp).total()),
+      std::int8_t(0x5A));
+  auto [u, bmax] = run_scan_with(
+      idx, qpad, nq, scale, pool_end,
+      [tiles](const certattn::scan_request& r) { tiles ? dt::scan_amx(r) : dt::scan_avx512(r); },
+      std::move(qa), &res);
   for (std::size_t g = 0; g < nq; ++g)  // the tail past pool_end is unspecified
     std::fill(u.begin() + std::ptrdiff_t(g * nb * B + pool_end),
               u.begin() + std::ptrdiff_t((g + 1) * nb * B), 0.0f);

@@ -189,8 +189,8 @@ CERTATTN_TARGET_AMX inline void unpack_block(const std::uint8_t* codes, std::siz
   }
 }
 
-/// The VNNI kernel's finish, lane for lane, of one group of 16 tokens for the queries of
-/// one chunk (their dots in rows 2g, 2g + 1 of the stored C tile c).
+/// avx512::finish_bounds16() (the VNNI kernel's finish) of one group of 16 tokens for the
+/// queries of one chunk (their dots in rows 2g, 2g + 1 of the stored C tile c).
 CERTATTN_TARGET_AMX __attribute__((always_inline)) inline void finish_group(
     const std::int32_t* c, const std::uint8_t* rho, std::size_t grp, std::size_t valid,
     const block_query_prep* prep, std::size_t n, float* u, std::size_t u_stride,
@@ -200,18 +200,10 @@ CERTATTN_TARGET_AMX __attribute__((always_inline)) inline void finish_group(
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rho + first))));
   const std::size_t lanes = valid > first ? std::min(valid - first, kGroupTokens) : 0;
   const __mmask16 live = __mmask16((1u << lanes) - 1u);
-  for (std::size_t g = 0; g < n; ++g) {
-    const __m512i dot_a = _mm512_load_si512(c + 32 * g);
-    const __m512i dot_f = _mm512_load_si512(c + 32 * g + 16);
-    const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(dot_a, kFineShift), dot_f);
-    const __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(prep[g].alpha), _mm512_cvtepi32_ps(dot),
-                                     _mm512_set1_ps(prep[g].offset));
-    const __m512 t = _mm512_min_ps(_mm512_set1_ps(prep[g].holder),
-                                   _mm512_mul_ps(_mm512_set1_ps(prep[g].norm), rb));
-    const __m512 v = _mm512_add_ps(r, t);
-    _mm512_storeu_ps(u + g * u_stride + first, v);
-    mx[g] = _mm512_mask_max_ps(mx[g], live, mx[g], v);
-  }
+  for (std::size_t g = 0; g < n; ++g)
+    mx[g] = avx512::finish_bounds16(_mm512_load_si512(c + 32 * g),
+                                    _mm512_load_si512(c + 32 * g + 16), prep[g], rb, live,
+                                    u + g * u_stride + first, mx[g]);
 }
 
 /// The multiplies of one group into C tile C (0 or 1): A tiles resident in 4-7 when

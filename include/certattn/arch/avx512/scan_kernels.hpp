@@ -35,6 +35,23 @@ CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline __m512i dpbusd_bcas
   return acc;
 }
 
+/// One query's bounds of a group of 16 tokens from its two planes' integer dots (the
+/// finish every AVX-512 scan kernel shares, hence their same bits): u = alpha (128 dot +
+/// dot_f) + offset + min(holder, norm rho), stored at `at`; returns mx raised to u over
+/// the live lanes (the pool's tokens).
+CERTATTN_TARGET_AVX512 __attribute__((always_inline)) inline __m512 finish_bounds16(
+    __m512i dot, __m512i dot_f, const block_query_prep& p, __m512 rb, __mmask16 live,
+    float* at, __m512 mx) noexcept {
+  dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), dot_f);  // 128 dot + dot_f
+  const __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(p.alpha), _mm512_cvtepi32_ps(dot),
+                                   _mm512_set1_ps(p.offset));
+  const __m512 t =
+      _mm512_min_ps(_mm512_set1_ps(p.holder), _mm512_mul_ps(_mm512_set1_ps(p.norm), rb));
+  const __m512 v = _mm512_add_ps(r, t);
+  _mm512_storeu_ps(at, v);
+  return _mm512_mask_max_ps(mx, live, mx, v);
+}
+
 /// Bounds of one block for NQ queries: u[g * u_stride + t] for its 128 tokens, and
 /// bmax[g * bmax_stride] = max of u over its first `valid` tokens (the pool's). qa holds
 /// the NQ queries' bytes of channel octet o at qa + o * qa_stride + 8 g. The codes are
@@ -103,14 +120,7 @@ CERTATTN_TARGET_AVX512 inline void scan_heads(const std::uint8_t* codes, const s
         dot = _mm512_add_epi32(dot, _mm512_add_epi32(acc[g][k][0], acc[g][k][1]));
         dot_f = _mm512_add_epi32(dot_f, _mm512_add_epi32(acc_f[g][k][0], acc_f[g][k][1]));
       }
-      dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), dot_f);  // 128 dot + dot_f
-      const __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(prep[g].alpha), _mm512_cvtepi32_ps(dot),
-                                       _mm512_set1_ps(prep[g].offset));
-      const __m512 t = _mm512_min_ps(_mm512_set1_ps(prep[g].holder),
-                                     _mm512_mul_ps(_mm512_set1_ps(prep[g].norm), rb));
-      const __m512 v = _mm512_add_ps(r, t);
-      _mm512_storeu_ps(u + g * u_stride + first, v);
-      mx[g] = _mm512_mask_max_ps(mx[g], live, mx[g], v);
+      mx[g] = finish_bounds16(dot, dot_f, prep[g], rb, live, u + g * u_stride + first, mx[g]);
     }
   }
   _Pragma("GCC unroll 8")
