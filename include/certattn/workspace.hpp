@@ -54,6 +54,7 @@ struct group_stats {
 
 namespace detail {
 struct attend_stages;  // attend_stages.hpp
+struct exact_paths;    // exact_paths.hpp
 struct row_access;     // call_context.hpp
 template <kv_view KV>
 struct head_loop;      // level_loop.hpp
@@ -221,6 +222,7 @@ class attend_workspace {
 
  private:
   friend struct detail::attend_stages;
+  friend struct detail::exact_paths;
   friend struct detail::row_access;
   template <kv_view KV>
   friend struct detail::head_loop;
