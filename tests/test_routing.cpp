@@ -29,12 +29,24 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   EXPECT_FALSE(h.routes_dense(o)) << "no sparse call seen yet";
   EXPECT_TRUE(std::isnan(h.last_cost()));
   const std::vector<int> levels{3, -1, 5, 7};
-  h.record_sparse(1.7, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(h.cost_estimate(), 1.7);
+  // One call routes its group only when it costs more than 1 / (1 - 0.35) = 1.54 dense
+  // kernels (kCostSpread); the mean of two, more than 1 / (1 - 0.35 sqrt(1/2)) = 1.33.
+  h.record_sparse(1.5, levels, noise_key{});
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 1.5);
+  EXPECT_DOUBLE_EQ(h.estimate_weight_sq(), 1.0);
+  EXPECT_FALSE(h.routes_dense(o)) << "one call of 1.5: within one call's spread of 1";
   EXPECT_EQ(h.levels()[0], 3);
   EXPECT_EQ(h.levels()[1], -1);
-  EXPECT_DOUBLE_EQ(h.last_cost(), 1.7);
-  // 4 dense calls, a probe; each probe that loses doubles the wait, up to 64.
+  EXPECT_DOUBLE_EQ(h.last_cost(), 1.5);
+  h.record_sparse(1.5, levels, noise_key{});
+  EXPECT_DOUBLE_EQ(h.estimate_weight_sq(), 0.5);
+  EXPECT_TRUE(h.routes_dense(o)) << "two calls of 1.5";
+  group_history one(4);
+  one.record_sparse(1.6, levels, noise_key{});
+  EXPECT_TRUE(one.routes_dense(o)) << "one call of 1.6";
+  // 4 dense calls, a probe; each probe that loses doubles the wait, up to 64. A probe
+  // after k routed calls weighs at least 1 - (7/8)^k; the routed group stays routed while
+  // its estimate exceeds 1.
   std::uint32_t expected = group_history::kFirstProbeInterval;
   for (int round = 0; round < 8; ++round) {
     for (std::uint32_t k = 0; k < expected; ++k) {
@@ -42,42 +54,50 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
       h.record_dense();
     }
     ASSERT_FALSE(h.routes_dense(o)) << "the probe of round " << round << " is due";
+    const double before = h.cost_estimate();
     h.record_sparse(1.3, std::vector<int>{-1, 2, -1, -1}, noise_key{});
+    const double w = std::max(1.0 - std::pow(1.0 - group_history::kNewCostWeight, double(expected)),
+                              group_history::kNewCostWeight);
+    ASSERT_NEAR(h.cost_estimate(), before + w * (1.3 - before), 1e-12) << "round " << round;
+    ASSERT_TRUE(h.routed()) << "a probe of 1.3 keeps the estimate above 1";
     expected = std::min(group_history::kMaxProbeInterval, 2 * expected);
     ASSERT_EQ(h.probe_interval(), expected) << "a loss of 0.3 waits at most 7 calls";
   }
+  EXPECT_NEAR(h.cost_estimate(), 1.3, 1e-3) << "the long waits' probes weigh almost 1";
   EXPECT_EQ(h.levels()[0], 3) << "an exact head keeps its previous hint";
   EXPECT_EQ(h.levels()[1], 2);
-  // A probe that wins: sparse again, and the next loss waits 4 calls again.
+  // A probe that wins after 64 routed calls: its cost is almost the whole estimate, the
+  // group is sparse again, and the next loss waits 4 calls again.
   for (std::uint32_t k = 0; k < expected; ++k) h.record_dense();
   h.record_sparse(0.6, levels, noise_key{});
+  EXPECT_LT(h.cost_estimate(), 0.61);
   EXPECT_FALSE(h.routes_dense(o));
   EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
-  // The estimate is the plain mean of the calls since the probe: one flat call after it
-  // does not route, a second one does.
-  h.record_sparse(1.3, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(h.cost_estimate(), 0.95);
-  EXPECT_FALSE(h.routes_dense(o));
-  h.record_sparse(1.3, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(h.cost_estimate(), (0.6 + 1.3 + 1.3) / 3.0);
-  EXPECT_TRUE(h.routes_dense(o));
   // After 8 calls each new cost weighs 1/8: one costly call among many cheap ones stays
-  // on the sparse path, a run of flat ones routes.
+  // on the sparse path, a run of flat ones routes once the mean clears the settled margin.
   group_history m(4);
   for (int k = 0; k < 8; ++k) m.record_sparse(0.7, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(m.cost_estimate(), 0.7);
+  EXPECT_NEAR(m.cost_estimate(), 0.7, 1e-12);
+  EXPECT_NEAR(m.estimate_weight_sq(), 1.0 / 8.0, 1e-12);
   m.record_sparse(2.4, levels, noise_key{});
-  EXPECT_DOUBLE_EQ(m.cost_estimate(), 0.7 + group_history::kNewCostWeight * 1.7);
+  EXPECT_NEAR(m.cost_estimate(), 0.7 + group_history::kNewCostWeight * 1.7, 1e-12);
   EXPECT_FALSE(m.routes_dense(o));
   group_history f(4);
   for (int k = 0; k < 8; ++k) f.record_sparse(0.6, levels, noise_key{});
   int flat = 0;
-  while (!f.routes_dense(o) && flat < 20) {
-    f.record_sparse(1.3, levels, noise_key{});
+  while (!f.routes_dense(o) && flat < 40) {
+    f.record_sparse(1.5, levels, noise_key{});
     ++flat;
   }
-  EXPECT_EQ(flat, 7) << "flat calls of cost 1.3 after focused ones before the group is routed";
+  EXPECT_EQ(flat, 7) << "flat calls of cost 1.5 after focused ones before the group is routed";
+  // Costs that straddle 1 (a mean of 0.9 with calls up to 1.9): never routed.
+  group_history v(4);
+  for (int k = 0; k < 60; ++k) {
+    v.record_sparse(k % 4 == 3 ? 1.9 : 0.5 + 0.1 * (k % 3), levels, noise_key{});
+    ASSERT_FALSE(v.routes_dense(o)) << "call " << k << ", estimate " << v.cost_estimate();
+  }
   // Routing off: never dense.
+  h.record_sparse(5.0, levels, noise_key{});
   h.record_sparse(5.0, levels, noise_key{});
   options off;
   off.route = routing::kOff;
@@ -85,6 +105,7 @@ TEST(GroupHistory, RoutesAfterALossAndProbesWithBackoff) {
   EXPECT_FALSE(h.routes_dense(off));
   h.reset();
   EXPECT_FALSE(h.routes_dense(o));
+  EXPECT_FALSE(h.routed());
   EXPECT_EQ(h.levels()[2], -1);
   EXPECT_THROW(group_history(0), certattn::error);
 }
@@ -194,8 +215,8 @@ TEST(Routing, FlatGroupIsRoutedToTheDenseKernelAndProbed) {
 TEST(Routing, MeasuredCostReplacesThePrediction) {
   group_history h(2);
   const std::vector<int> levels{3, 4};
-  h.record_sparse(1.5, levels, noise_key{0, 0, 0});
-  h.record_sparse(1.5, levels, noise_key{1, 0, 0});
+  h.record_sparse(1.8, levels, noise_key{0, 0, 0});
+  h.record_sparse(1.8, levels, noise_key{1, 0, 0});
   options o, model_only;
   model_only.cost.measured = false;
   ASSERT_TRUE(h.routes_dense(model_only)) << "the model's prediction: routed";
@@ -203,6 +224,7 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   h.record_dense(2e-3, 1000);  // the first timed dense pass: 2 us per token
   EXPECT_DOUBLE_EQ(h.dense_seconds_per_token(), 2e-6);
   EXPECT_FALSE(h.routes_dense(o)) << "a quick probe follows the first timed dense call";
+  EXPECT_TRUE(std::isnan(h.cost_estimate())) << "the predictions' estimate is dropped";
   EXPECT_DOUBLE_EQ(h.measured_cost(1e-3, 1000), 0.5);
   h.record_sparse(h.measured_cost(1e-3, 1000), levels, noise_key{3, 0, 0});  // it won
   EXPECT_FALSE(h.routes_dense(o));
@@ -217,14 +239,19 @@ TEST(Routing, MeasuredCostReplacesThePrediction) {
   EXPECT_DOUBLE_EQ(m.dense_seconds_per_token(), 2.5e-6 - 0.25 * 1.25e-6);
   for (int k = 0; k < 40; ++k) m.record_dense(3e-3, 1000);  // the machine slowed down
   EXPECT_NEAR(m.dense_seconds_per_token(), 3e-6, 1e-10);
-  // A quick probe that loses waits the first wait, without doubling, or what keeps
-  // probing within kProbeLossShare of the dense time when it lost by more.
+  // A quick probe that loses (alone: above 1.54, kCostSpread) waits the first wait without
+  // doubling it, or longer: what keeps probing within kProbeLossShare of the dense time.
   group_history l(2);
   l.record_dense(2e-3, 1000);
   ASSERT_FALSE(l.routes_dense(o));
-  l.record_sparse(1.1, levels, noise_key{2, 0, 0});
-  EXPECT_EQ(l.probe_interval(), group_history::kFirstProbeInterval);
+  l.record_sparse(2.2, levels, noise_key{2, 0, 0});
+  EXPECT_EQ(l.probe_interval(), group_history::probe_wait_after_loss(2.2));
+  EXPECT_GT(l.probe_interval(), 2 * group_history::kFirstProbeInterval);
   EXPECT_TRUE(l.routes_dense(o));
+  group_history near(2);
+  near.record_dense(2e-3, 1000);
+  near.record_sparse(1.1, levels, noise_key{2, 0, 0});
+  EXPECT_FALSE(near.routes_dense(o)) << "one call of 1.1: within one call's spread";
   group_history flat(2);
   flat.record_dense(2e-3, 1000);
   flat.record_sparse(4.0, levels, noise_key{2, 0, 0});
@@ -257,11 +284,11 @@ TEST(GroupHistory, TimesTheDenseKernelOnItsFirstCall) {
   EXPECT_FALSE(h.dense_probe_due(o));
   EXPECT_FALSE(h.routes_dense(o)) << "the quick sparse probe";
   EXPECT_FALSE(h.has_hints()) << "a routed call leaves no levels";
-  h.record_sparse(h.measured_cost(2.4e-3, 1000), levels, noise_key{1, 0, 0});  // lost
-  EXPECT_DOUBLE_EQ(h.cost_estimate(), 1.2);
+  h.record_sparse(h.measured_cost(4.4e-3, 1000), levels, noise_key{1, 0, 0});  // lost
+  EXPECT_DOUBLE_EQ(h.cost_estimate(), 2.2);
   EXPECT_TRUE(h.routes_dense(o)) << "measured: the sparse path costs more here";
-  EXPECT_EQ(h.probe_interval(), group_history::kFirstProbeInterval);
-  for (std::uint32_t k = 0; k < group_history::kFirstProbeInterval; ++k) h.record_dense(3e-3, 1000);
+  EXPECT_EQ(h.probe_interval(), group_history::probe_wait_after_loss(2.2));
+  for (std::uint32_t k = 0; k < h.probe_interval(); ++k) h.record_dense(3e-3, 1000);
   EXPECT_FALSE(h.routes_dense(o)) << "the next probe";
   h.record_sparse(h.measured_cost(1e-3, 1000), levels, noise_key{6, 0, 0});  // won
   EXPECT_FALSE(h.routes_dense(o));

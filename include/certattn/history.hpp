@@ -39,13 +39,22 @@ class group_history {
   static constexpr std::uint32_t kFirstProbeInterval = 4;
   static constexpr std::uint32_t kMaxProbeInterval = 64;
   /// The least weight of a sparse call's cost in cost_estimate(): the estimate is the
-  /// plain mean of the calls since it (re)started, then a running mean in which each new
-  /// cost weighs 1/8. It follows the mean cost of calls whose costs vary widely from step
-  /// to step (a head's sample changes with its query: in the synthetic mixed regime at
-  /// 16K one group's calls cost from 0.25 to 2.4 dense kernels, most of them below 1)
-  /// rather than the last two; a run of flat calls still routes the group (7 of cost 1.3
-  /// after many of 0.6; 2 right after a probe).
+  /// plain mean of the first calls, then a running mean in which each new cost weighs
+  /// 1/8. It follows the mean cost of calls whose costs vary widely from step to step (a
+  /// head's sample changes with its query: in the synthetic mixed regime at 16K one
+  /// group's calls cost from 0.25 to 2.4 dense kernels, most of them below 1) rather than
+  /// the last two.
   static constexpr double kNewCostWeight = 0.125;
+  /// How far above 1 the estimate must be, in units of itself times its standard error,
+  /// for routing to take a sparse group to the dense kernel (loses_to_dense()). One call's
+  /// cost varies around its group's mean by about 0.47 of that mean (a standard deviation
+  /// over the 8 groups of the synthetic mixed regime at 32K, 152 calls): routing on the
+  /// plain estimate sent groups that cost 0.65 dense kernels on average to the dense
+  /// kernel after a costly call or two. With this margin a group routes after one call of
+  /// more than 1.54 dense kernels, two averaging more than 1.33, or a settled running mean
+  /// above 1.10; a routed group stays routed while its estimate exceeds 1 (hysteresis: a
+  /// probe near its group's cost does not send it back to the sparse path).
+  static constexpr double kCostSpread = 0.35;
 
   group_history() = default;
   explicit group_history(std::size_t group) : levels_(group, -1) {
@@ -74,11 +83,26 @@ class group_history {
   /// (measured_cost()), else the cost model's prediction (options::cost; a head answered
   /// exactly adds 1); NaN before the first sparse call.
   double last_cost() const noexcept { return cost_; }
-  /// What routing decides on: the mean of the sparse calls' costs since the last probe
-  /// (which restarts it from its own cost), older calls fading once there are more than 8
-  /// (kNewCostWeight). One flat call among focused ones does not route a group; a run of
-  /// them does.
+  /// What routing decides on: a weighted mean of the sparse calls' costs (the plain mean
+  /// of the first calls, older calls fading once there are more than 8: kNewCostWeight).
+  /// A probe after k routed calls weighs at least 1 - (7/8)^k, as if the estimate had
+  /// faded over the calls it did not see, so that a group whose attention changed is
+  /// re-estimated within a probe or two. NaN before the first sparse call, and again
+  /// from the first timed dense pass until the quick probe (measured costs replace the
+  /// cost model's predictions).
   double cost_estimate() const noexcept { return estimate_; }
+  /// The sum of the squared weights of the costs in cost_estimate() (1/n for the plain
+  /// mean of n calls, 1/15 for the running mean): its variance relative to one call's.
+  double estimate_weight_sq() const noexcept { return estimate_weight_sq_; }
+  /// Whether the sparse path loses to the dense kernel with some confidence:
+  /// estimate (1 - kCostSpread sqrt(estimate_weight_sq())) > 1 (the estimate's relative
+  /// standard error is about 0.47 sqrt(estimate_weight_sq()); kCostSpread).
+  bool loses_to_dense() const noexcept {
+    return estimate_ * (1.0 - kCostSpread * std::sqrt(estimate_weight_sq_)) > 1.0;
+  }
+  /// Whether the group is routed between probes: it became so when loses_to_dense() held
+  /// after a sparse call, and stays so while cost_estimate() exceeds 1.
+  bool routed() const noexcept { return routed_; }
   /// Dense calls since the last sparse one, and how many the next probe waits for.
   std::uint32_t dense_streak() const noexcept { return dense_streak_; }
   std::uint32_t probe_interval() const noexcept { return probe_interval_; }
@@ -120,14 +144,14 @@ class group_history {
   }
 
   /// The decision of the next call: the dense kernel for the whole group. True for the
-  /// group's first call (the dense probe, dense_probe_due()), and when the sparse path's
-  /// cost estimate exceeds the dense kernel's and the next probe is not due. The first
+  /// group's first call (the dense probe, dense_probe_due()), and when the group is
+  /// routed() (its sparse path loses to the dense kernel) and the next probe is not due. The first
   /// timed dense call is followed at once by a sparse call (the quick probe), so that with
   /// measured costs the group routes on this machine's costs from its second call on.
   bool routes_dense(const options& o) const noexcept {
     if (o.route != routing::kAuto) return false;
     return dense_probe_due(o) ||
-           (estimate_ > 1.0 && dense_streak_ < probe_interval_ && !quick_probe_due_);
+           (routed_ && dense_streak_ < probe_interval_ && !quick_probe_due_);
   }
   /// True when the next call goes to the dense kernel only to time it: with measured costs
   /// (options::cost.measured), the first call of the group (of the sequence, after
@@ -158,7 +182,8 @@ class group_history {
     has_key_ = false;
     key_ = {};
     cost_ = estimate_ = std::numeric_limits<double>::quiet_NaN();
-    estimate_calls_ = 0;
+    estimate_weight_sq_ = 1.0;
+    routed_ = false;
     dense_streak_ = 0;
     probe_interval_ = kFirstProbeInterval;
     dense_spt_ = std::numeric_limits<double>::quiet_NaN();
@@ -191,20 +216,26 @@ class group_history {
     has_key_ = true;
     for (std::size_t g = 0; g < levels_.size() && g < levels.size(); ++g)
       if (levels[g] >= 0) levels_[g] = levels[g];
-    // The plain mean of the calls since the estimate (re)started, then a running mean.
-    if (probe || std::isnan(estimate_)) {
+    // The plain mean of the first calls (weight S / (1 + S) = 1 / (n + 1) after n calls),
+    // then a running mean; a probe weighs as much as the routed calls before it would
+    // have faded the estimate.
+    if (std::isnan(estimate_)) {
       estimate_ = cost;
-      estimate_calls_ = 1;
+      estimate_weight_sq_ = 1.0;
     } else {
-      ++estimate_calls_;
-      estimate_ += std::max(kNewCostWeight, 1.0 / double(estimate_calls_)) * (cost - estimate_);
+      const double S = estimate_weight_sq_;
+      double w = std::max(kNewCostWeight, S / (1.0 + S));
+      if (probe) w = std::max(w, 1.0 - std::pow(1.0 - kNewCostWeight, double(dense_streak_)));
+      estimate_ += w * (cost - estimate_);
+      estimate_weight_sq_ = (1.0 - w) * (1.0 - w) * S + w * w;
     }
     // A probe that lost: the wait doubles (a quick probe keeps the first wait), and is at
     // least what keeps probing within kProbeLossShare of the dense time.
-    if (estimate_ > 1.0 && probe)
+    routed_ = routed_ ? estimate_ > 1.0 : loses_to_dense();
+    if (routed_ && probe)
       probe_interval_ = std::max(quick ? probe_interval_ : std::min(kMaxProbeInterval, 2 * probe_interval_),
                                  probe_wait_after_loss(cost));
-    else if (!(estimate_ > 1.0))
+    else if (!routed_)
       probe_interval_ = kFirstProbeInterval;
     cost_ = cost;
     dense_streak_ = 0;
@@ -219,7 +250,14 @@ class group_history {
     record_dense();
     if (!(seconds > 0.0) || !std::isfinite(seconds) || tokens == 0) return;
     const double spt = seconds / double(tokens);
-    if (std::isnan(dense_spt_)) quick_probe_due_ = true;
+    if (std::isnan(dense_spt_)) {
+      // The first timed dense pass: the sparse calls are measured from the quick probe on,
+      // and the estimate restarts from it (not from the cost model's predictions).
+      quick_probe_due_ = true;
+      estimate_ = std::numeric_limits<double>::quiet_NaN();
+      estimate_weight_sq_ = 1.0;
+      routed_ = false;
+    }
     dense_spt_ = std::isnan(dense_spt_)
                      ? spt
                      : dense_spt_ + kNewDenseWeight *
@@ -232,7 +270,8 @@ class group_history {
   bool has_key_ = false;
   double cost_ = std::numeric_limits<double>::quiet_NaN();
   double estimate_ = std::numeric_limits<double>::quiet_NaN();
-  std::uint32_t estimate_calls_ = 0;  // sparse calls in estimate_ since it (re)started
+  double estimate_weight_sq_ = 1.0;  // estimate_weight_sq()
+  bool routed_ = false;              // routed()
   std::uint32_t dense_streak_ = 0;
   std::uint32_t probe_interval_ = kFirstProbeInterval;
   double dense_spt_ = std::numeric_limits<double>::quiet_NaN();
