@@ -14,7 +14,9 @@
 //                  answers it exactly without a pool, or queues it for the exact pass
 //   exact answers  one dense pass for the heads no level certified (or over budget)
 //   accounting     bytes read, and what the group's history keeps
-// Routing, the exact pass and their rounding certificates are exact_paths.hpp's.
+// Routing, the exact pass and their rounding certificates are exact_paths.hpp's; the
+// stages from the perturbations on are one group_answer object per position, which holds
+// what they share (the cache, the index, the queries, the outputs, the workspace).
 // What every stage reads (call_context, the kernel table, row prefetches) is
 // call_context.hpp's. The call computes exactly the samples of reference_attend() (same
 // perturbations, same scores bit for bit, same sets) while reading a small fraction of
@@ -57,6 +59,9 @@ struct group_progress {
   std::size_t spent = 0;        // pool keys the heads so far took into their samples
   std::size_t exact_count = 0;  // heads answered exactly so far (ws.exact_heads_)
 };
+
+template <kv_view KV>
+struct group_answer;  // below: the stages after the scan, per position
 
 /// The stages of the certified call (see the top of this file), on the exact answer paths
 /// of exact_paths.hpp.
@@ -101,8 +106,8 @@ struct attend_stages : exact_paths {
       finish_bounds(cx, ws);
     }
     clock.lap(seconds[1]);
-    const group_progress progress = answer_group(kv, idx, queries.data(), cx, out, certs, ws,
-                                                 clock, true);
+    const group_progress progress =
+        group_answer<KV>(kv, idx, queries.data(), cx, out, certs, ws, clock).run(true);
     if (history) {
       // The call's cost relative to the dense kernel: measured, once this group's dense
       // kernel has been timed, else the cost model's prediction.
@@ -116,30 +121,6 @@ struct attend_stages : exact_paths {
                              std::span<const int>(ws.head_levels_.data(), group), nk,
                              was_measured ? predicted : std::numeric_limits<double>::quiet_NaN());
     }
-  }
-
-  /// The stages after the scan, for the G heads of one position: perturbations, max
-  /// scores, window sums, each head's level loop, the exact pass and the bytes
-  /// (count_shared: whether the scan's and the fixed rows' bytes are this call's).
-  template <kv_view KV>
-  static group_progress answer_group(const KV& kv, const key_index& idx, const float* queries,
-                                     const call_context& cx, std::span<float> out,
-                                     std::span<certificate> certs, attend_workspace& ws,
-                                     stage_clock& clock, bool count_shared) {
-    double* seconds = ws.stats_.stage_seconds;
-    perturbation_bounds(idx, cx, ws);
-    clock.lap(seconds[3]);
-    max_scores(kv, queries, cx, ws);
-    fixed_sums(kv, cx, ws);
-    clock.lap(seconds[2]);
-    group_progress progress;
-    for (std::size_t g = 0; g < cx.group; ++g)
-      answer_head(kv, idx, queries, g, cx, progress, out, certs, ws, clock);
-    const std::size_t exact_pass_bytes = exact_answers(kv, idx, queries, cx, progress, out,
-                                                       certs, ws);
-    clock.lap(seconds[5]);
-    account_bytes(kv, idx, cx, exact_pass_bytes, certs, ws, count_shared);
-    return progress;
   }
 
   // ---- several positions --------------------------------------------------------------
@@ -236,7 +217,8 @@ struct attend_stages : exact_paths {
       clock.lap(seconds[0]);
       if (cx.pool_end > cx.first) finish_bounds(cx, ws);
       clock.lap(seconds[1]);
-      any_exact |= answer_group(view, idx, q, cx, out_p, certs_p, ws, clock, p + 1 == Q)
+      any_exact |= group_answer<kv_prefix<KV>>(view, idx, q, cx, out_p, certs_p, ws, clock)
+                       .run(p + 1 == Q)
                        .exact_count > 0;
       add(ws.stats_);
     }
@@ -494,14 +476,49 @@ struct attend_stages : exact_paths {
     }
   }
 
+};
+
+/// The stages after the scan for the G heads of one position (attend_stages::run() and
+/// run_positions() make one per position): perturbations, max scores, window sums, each
+/// head's level loop, the exact pass and the bytes. It holds what these stages share, so
+/// that each takes only the head it answers.
+template <kv_view KV>
+struct group_answer : exact_paths {
+  const KV& kv;
+  const key_index& idx;
+  const float* queries;  // the position's G queries
+  const call_context& cx;
+  std::span<float> out;
+  std::span<certificate> certs;
+  attend_workspace& ws;
+  stage_clock& clock;
+  group_progress progress{};
+
+  group_answer(const KV& kv, const key_index& idx, const float* queries, const call_context& cx,
+               std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+               stage_clock& clock) noexcept
+      : kv(kv), idx(idx), queries(queries), cx(cx), out(out), certs(certs), ws(ws), clock(clock) {}
+
+  /// The stages in order; count_shared: whether the scan's and the fixed rows' bytes
+  /// are this call's.
+  group_progress run(bool count_shared) {
+    double* seconds = ws.stats_.stage_seconds;
+    attend_stages::perturbation_bounds(idx, cx, ws);
+    clock.lap(seconds[3]);
+    attend_stages::max_scores(kv, queries, cx, ws);
+    attend_stages::fixed_sums(kv, cx, ws);
+    clock.lap(seconds[2]);
+    for (std::size_t g = 0; g < cx.group; ++g) answer_head(g);
+    const std::size_t exact_pass_bytes = exact_answers();
+    clock.lap(seconds[5]);
+    account_bytes(exact_pass_bytes, count_shared);
+    return progress;
+  }
+
   // ---- stage: heads -------------------------------------------------------------------
   /// Head g: joins the exact pass (an earlier head needed it), exact attention without a
   /// pool, or the level loop; then its own reads, and the exact pass's queue.
-  template <kv_view KV>
-  static void answer_head(const KV& kv, const key_index& idx, const float* queries,
-                          std::size_t g, const call_context& cx, group_progress& progress,
-                          std::span<float> out, std::span<certificate> certs,
-                          attend_workspace& ws, stage_clock& clock) {
+  void answer_head(std::size_t g) {
     group_stats& stats = ws.stats_;
     head_state st;
     st.g = g;
@@ -515,7 +532,7 @@ struct attend_stages : exact_paths {
     if (cx.user.route == routing::kAuto && progress.exact_count > 0 && cx.has_pool()) {
       cert.path = answer_path::kJoined;  // the exact pass reads every row anyway
     } else if (!cx.has_pool()) {  // window and exact set are everything
-      no_pool_answer(idx, queries + g * cx.d, g, cx, o, cert, ws);
+      no_pool_answer(queries + g * cx.d, g, o, cert);
       done = true;
     } else {
       // What this head may still sample.
@@ -527,14 +544,13 @@ struct attend_stages : exact_paths {
     }
     clock.lap(stats.stage_seconds[4]);
     stats.candidates += cx.has_pool() ? st.candidates : 0;
-    finish_head(kv, cx, done, st, cert, progress, ws);
+    finish_head(done, st, cert);
   }
 
   /// Exact attention in double around the centre g, from the fixed rows' sums: certified
   /// when its rounding bound meets epsilon (rounding.hpp).
-  static void no_pool_answer(const key_index& idx, const float* q, std::size_t g,
-                             const call_context& cx, float* o, certificate& cert,
-                             const attend_workspace& ws) noexcept {
+  void no_pool_answer(const float* q, std::size_t g, float* o,
+                      certificate& cert) const noexcept {
     const std::size_t d = cx.dv;
     const double window_weight = ws.window_weight_[g];
     const double* window_num = ws.window_num_.data() + g * d;
@@ -566,10 +582,7 @@ struct attend_stages : exact_paths {
 
   /// Head st.g's own reads (the shared part is added by account_bytes()), its stopping
   /// level for the history, and, when no level certified, its place in the exact pass.
-  template <kv_view KV>
-  static void finish_head(const KV&, const call_context& cx, bool done, const head_state& st,
-                          certificate& cert, group_progress& progress,
-                          attend_workspace& ws) noexcept {
+  void finish_head(bool done, const head_state& st, certificate& cert) noexcept {
     group_stats& stats = ws.stats_;
     const std::size_t g = st.g, exact_rows = cx.fixed_rows();  // rows shared by the group
     cert.bytes_read = st.refined * (cx.dp / 2) + (st.keys_read - exact_rows) * cx.key_bytes +
@@ -599,11 +612,7 @@ struct attend_stages : exact_paths {
   // ---- stage: exact answers -----------------------------------------------------------
   /// The heads no level certified (or over budget, or joined) by one exact pass; returns
   /// the bytes it read.
-  template <kv_view KV>
-  static std::size_t exact_answers(const KV& kv, const key_index& idx, const float* queries,
-                                   const call_context& cx, const group_progress& progress,
-                                   std::span<float> out, std::span<certificate> certs,
-                                   attend_workspace& ws) {
+  std::size_t exact_answers() {
     const std::size_t m = progress.exact_count, n = cx.attended();
     if (m == 0) return 0;
     group_stats& stats = ws.stats_;
@@ -627,10 +636,7 @@ struct attend_stages : exact_paths {
   /// shared part (codes and block scales, the fixed rows, the exact pass) split evenly.
   /// A multi-position call counts the scan's and the fixed rows' bytes once, at its newest
   /// position (the others' fixed rows differ from its by at most Q - 1 rows).
-  template <kv_view KV>
-  static void account_bytes(const KV&, const key_index& idx, const call_context& cx,
-                            std::size_t exact_pass_bytes, std::span<certificate> certs,
-                            attend_workspace& ws, bool count_shared) noexcept {
+  void account_bytes(std::size_t exact_pass_bytes, bool count_shared) noexcept {
     group_stats& stats = ws.stats_;
     const std::size_t F = cx.fixed_rows(), row_bytes = cx.key_bytes + cx.value_bytes;
     const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
@@ -649,7 +655,6 @@ struct attend_stages : exact_paths {
     }
     stats.dense_bytes = cx.attended() * row_bytes;
   }
-
 };
 
 }  // namespace certattn::detail

@@ -145,9 +145,10 @@ class group_history {
 
   /// The decision of the next call: the dense kernel for the whole group. True for the
   /// group's first call (the dense probe, dense_probe_due()), and when the group is
-  /// routed() (its sparse path loses to the dense kernel) and the next probe is not due. The first
-  /// timed dense call is followed at once by a sparse call (the quick probe), so that with
-  /// measured costs the group routes on this machine's costs from its second call on.
+  /// routed() (its sparse path loses to the dense kernel) and the next probe is not due.
+  /// The first timed dense call is followed at once by a sparse call (the quick probe), so
+  /// that with measured costs the group routes on this machine's costs from its second
+  /// call on.
   bool routes_dense(const options& o) const noexcept {
     if (o.route != routing::kAuto) return false;
     return dense_probe_due(o) ||

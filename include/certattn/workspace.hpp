@@ -55,6 +55,8 @@ struct group_stats {
 namespace detail {
 struct attend_stages;  // attend_stages.hpp
 struct exact_paths;    // exact_paths.hpp
+template <kv_view KV>
+struct group_answer;   // attend_stages.hpp
 struct row_access;     // call_context.hpp
 template <kv_view KV>
 struct head_loop;      // level_loop.hpp
@@ -223,6 +225,8 @@ class attend_workspace {
  private:
   friend struct detail::attend_stages;
   friend struct detail::exact_paths;
+  template <kv_view KV>
+  friend struct detail::group_answer;
   friend struct detail::row_access;
   template <kv_view KV>
   friend struct detail::head_loop;
