@@ -8,10 +8,11 @@
 //   perturbations  E_up >= E_i for every pool key (with the value-aware offsets)
 //   max score      c = exact maximum over the keys whose bound can reach the best lower
 //                  bound, per head; then the window's value sums of all heads in one pass
-//   heads          per head: answer_head() runs the head's level loop (level_loop.hpp:
-//                  candidates bucketed by earliest level, 8-bit refinement, exact keys,
-//                  heavy, light or out, the certificate of docs/certificate.md), or
-//                  answers it exactly without a pool, or queues it for the exact pass
+//   heads          per head: group_answer::answer_head() runs the head's level loop
+//                  (level_loop.hpp: candidates bucketed by earliest level, 8-bit
+//                  refinement, exact keys, heavy, light or out, the certificate of
+//                  docs/certificate.md), or answers it exactly without a pool, or queues
+//                  it for the exact pass
 //   exact answers  one dense pass for the heads no level certified (or over budget)
 //   accounting     bytes read, and what the group's history keeps
 // Routing, the exact pass and their rounding certificates are exact_paths.hpp's; the

@@ -1,14 +1,14 @@
 // The level loop of one head of the certified group call (attend_stages.hpp's
-// answer_head() runs it for each head with a pool to sample): the head's candidates (pool
-// keys whose perturbed bound can reach the deepest level, bucketed by earliest level);
-// then, level by level from the coarsest, the new candidates refined with 8-bit codes,
-// then exact 16-bit keys; heavy, light or out; the light keys that turn heavy; the
-// Horvitz-Thompson sums and the certificate of docs/certificate.md. What stays fixed while
-// a head's loop runs (the cache, the index, the query, c, the call context, the workspace,
-// the head's running sums) is one head_loop object, so that its functions take only what
-// varies from call to call: the level, a token, its score. The running sums are small
-// types with add and remove (exact_sums, light_sums). Internal: use attend_group()
-// (attend.hpp).
+// group_answer::answer_head() runs it for each head with a pool to sample): the head's
+// candidates (pool keys whose perturbed bound can reach the deepest level, bucketed by
+// earliest level); then, level by level from the coarsest, the new candidates refined with
+// 8-bit codes, then exact 16-bit keys; heavy, light or out; the light keys that turn
+// heavy; the Horvitz-Thompson sums and the certificate of docs/certificate.md. What stays
+// fixed while a head's loop runs (the cache, the index, the query, c, the call context,
+// the workspace, the head's running sums) is one head_loop object, so that its functions
+// take only what varies from call to call: the level, a token, its score. The running sums
+// are small types with add and remove (exact_sums, light_sums). Internal: use
+// attend_group() (attend.hpp).
 #pragma once
 
 #include <certattn/arch/candidate_kernels.hpp>
