@@ -65,7 +65,7 @@ record point_fields(const run_point& p) {
       {"regime", std::string(syn::to_string(p.regime))},
       {"eps", p.eps},
       {"delta", p.delta},
-      {"dtype", std::string(to_string(p.dtype))},
+      {"dtype", to_string(p.dtype)},
   };
 }
 
@@ -105,14 +105,15 @@ float fp8_scale(const syn::kv_cache& src, std::size_t h, bool keys) {
   return m > 0.0f ? m / range : 1.0f;
 }
 
-template <kv_element T>
+template <kv_element K, kv_element V = K>
 void fill_layer(const syn::kv_cache& src, layout_kind kind, const std::vector<std::int32_t>& table,
                 std::size_t page_tokens, std::vector<fp8_scales>& scales, std::uint8_t* keys, std::uint8_t* values) {
   const std::size_t n = src.config.n_tokens, d = src.config.head_dim, H = src.config.kv_heads;
-  const std::size_t rb = format_traits<T>::row_bytes(d);
+  const std::size_t krb = format_traits<K>::row_bytes(d), vrb = format_traits<V>::row_bytes(d);
   scales.assign(H, {});
   for (std::size_t h = 0; h < H; ++h) {
-    if constexpr (fp8_element<T>) scales[h] = {fp8_scale<T>(src, h, true), fp8_scale<T>(src, h, false)};
+    if constexpr (fp8_element<K>) scales[h].key = fp8_scale<K>(src, h, true);
+    if constexpr (fp8_element<V>) scales[h].value = fp8_scale<V>(src, h, false);
     for (std::size_t t = 0; t < n; ++t) {
       std::size_t row;  // in rows of this head's width
       switch (kind) {
@@ -120,28 +121,36 @@ void fill_layer(const syn::kv_cache& src, layout_kind kind, const std::vector<st
         case layout_kind::kNhd: row = t * H + h; break;
         default: row = (std::size_t(table[t / page_tokens]) * H + h) * page_tokens + t % page_tokens;
       }
-      store_row_as<T>(src.key_row(h, t), d, scales[h].key, keys + row * rb);
-      store_row_as<T>(src.value_row(h, t), d, scales[h].value, values + row * rb);
+      store_row_as<K>(src.key_row(h, t), d, scales[h].key, keys + row * krb);
+      store_row_as<V>(src.value_row(h, t), d, scales[h].value, values + row * vrb);
     }
   }
 }
 }  // namespace
 
-layer_cache::layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed, cache_format format)
+namespace {
+std::size_t row_bytes_of(cache_format f, std::size_t d) {
+  switch (f) {
+    case cache_format::f16: return format_traits<half>::row_bytes(d);
+    case cache_format::bf16: return format_traits<bfloat16>::row_bytes(d);
+    case cache_format::q8_0: return format_traits<block_q8_0>::row_bytes(d);
+    case cache_format::q4_0: return format_traits<block_q4_0>::row_bytes(d);
+    case cache_format::fp8_e4m3: return format_traits<fp8_e4m3>::row_bytes(d);
+    case cache_format::fp8_e5m2: return format_traits<fp8_e5m2>::row_bytes(d);
+    default: throw error("--dtype: " + std::string(to_string(f)) + " is not benchmarked");
+  }
+}
+}  // namespace
+
+layer_cache::layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed, cache_dtype format)
     : kind_(kind), format_(format), n_(src.config.n_tokens), d_(src.config.head_dim), heads_(src.config.kv_heads) {
   const std::size_t n = n_, d = d_, H = heads_;
-  switch (format) {
-    case cache_format::f16: row_bytes_ = format_traits<half>::row_bytes(d); break;
-    case cache_format::bf16: row_bytes_ = format_traits<bfloat16>::row_bytes(d); break;
-    case cache_format::q8_0: row_bytes_ = format_traits<block_q8_0>::row_bytes(d); break;
-    case cache_format::q4_0: row_bytes_ = format_traits<block_q4_0>::row_bytes(d); break;
-    case cache_format::fp8_e4m3: row_bytes_ = format_traits<fp8_e4m3>::row_bytes(d); break;
-    case cache_format::fp8_e5m2: row_bytes_ = format_traits<fp8_e5m2>::row_bytes(d); break;
-    default: throw error("--dtype: " + std::string(to_string(format)) + " is not benchmarked");
-  }
-  if (format != cache_format::f16 && format != cache_format::bf16 && d % 32 != 0)
-    throw error("--dtype " + std::string(to_string(format)) + ": --head-dim must be a multiple of 32");
-  if (kind == layout_kind::kHnd && format == cache_format::f16) {
+  key_row_bytes_ = row_bytes_of(format.key, d);
+  value_row_bytes_ = row_bytes_of(format.value, d);
+  for (cache_format f : {format.key, format.value})
+    if (f != cache_format::f16 && f != cache_format::bf16 && d % 32 != 0)
+      throw error("--dtype " + to_string(format) + ": --head-dim must be a multiple of 32");
+  if (kind == layout_kind::kHnd && format == cache_dtype{}) {
     k_ = reinterpret_cast<const std::uint8_t*>(src.keys.data());
     v_ = reinterpret_cast<const std::uint8_t*>(src.values.data());
     return;
@@ -156,25 +165,51 @@ layer_cache::layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64
     std::shuffle(table_.begin(), table_.end(), rng);
     rows = pages * kPageTokens * H;
   }
-  keys_.assign(rows * row_bytes_, 0);
-  values_.assign(rows * row_bytes_, 0);
-  switch (format) {
-    case cache_format::f16: fill_layer<half>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
-    case cache_format::bf16: fill_layer<bfloat16>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
-    case cache_format::q8_0: fill_layer<block_q8_0>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
-    case cache_format::q4_0: fill_layer<block_q4_0>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
-    case cache_format::fp8_e4m3: fill_layer<fp8_e4m3>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
-    default: fill_layer<fp8_e5m2>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data()); break;
+  keys_.assign(rows * key_row_bytes_, 0);
+  values_.assign(rows * value_row_bytes_, 0);
+  auto fill = [&]<class K, class V>() {
+    fill_layer<K, V>(src, kind, table_, kPageTokens, scales_, keys_.data(), values_.data());
+  };
+  if (format == cache_dtype{cache_format::q8_0, cache_format::f16}) {
+    fill.template operator()<block_q8_0, half>();
+  } else if (format == cache_dtype{cache_format::q4_0, cache_format::f16}) {
+    fill.template operator()<block_q4_0, half>();
+  } else if (format.mixed()) {
+    throw error("--dtype " + to_string(format) + ": keys and values in two formats are benchmarked as q8_0/f16 and q4_0/f16");
+  } else {
+    switch (format.key) {
+      case cache_format::f16: fill.template operator()<half, half>(); break;
+      case cache_format::bf16: fill.template operator()<bfloat16, bfloat16>(); break;
+      case cache_format::q8_0: fill.template operator()<block_q8_0, block_q8_0>(); break;
+      case cache_format::q4_0: fill.template operator()<block_q4_0, block_q4_0>(); break;
+      case cache_format::fp8_e4m3: fill.template operator()<fp8_e4m3, fp8_e4m3>(); break;
+      default: fill.template operator()<fp8_e5m2, fp8_e5m2>(); break;
+    }
   }
   k_ = keys_.data();
   v_ = values_.data();
 }
 
-cache_format dtype_from_string(std::string_view s) {
-  for (cache_format f : {cache_format::f16, cache_format::bf16, cache_format::q8_0, cache_format::q4_0,
-                         cache_format::fp8_e4m3, cache_format::fp8_e5m2})
-    if (s == to_string(f)) return f;
-  throw error("unknown --dtype '" + std::string(s) + "' (expected f16, bf16, q8_0, q4_0, fp8_e4m3 or fp8_e5m2)");
+std::string to_string(cache_dtype t) {
+  return t.mixed() ? std::string(to_string(t.key)) + "/" + std::string(to_string(t.value))
+                   : std::string(to_string(t.key));
+}
+
+cache_dtype dtype_from_string(std::string_view s) {
+  const auto one = [&](std::string_view x) {
+    for (cache_format f : {cache_format::f16, cache_format::bf16, cache_format::q8_0, cache_format::q4_0,
+                           cache_format::fp8_e4m3, cache_format::fp8_e5m2})
+      if (x == to_string(f)) return f;
+    throw error("unknown --dtype '" + std::string(s) +
+                "' (expected f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2, q8_0/f16 or q4_0/f16)");
+  };
+  const std::size_t slash = s.find('/');
+  if (slash == std::string_view::npos) return {one(s), one(s)};
+  const cache_dtype t{one(s.substr(0, slash)), one(s.substr(slash + 1))};
+  if (t.mixed() && t != cache_dtype{cache_format::q8_0, cache_format::f16} &&
+      t != cache_dtype{cache_format::q4_0, cache_format::f16})
+    throw error("--dtype '" + std::string(s) + "': keys and values in two formats are benchmarked as q8_0/f16 and q4_0/f16");
+  return t;
 }
 
 // ---- the grid --------------------------------------------------------------------------------
@@ -265,7 +300,8 @@ void add_grid_flags(CLI::App& cmd, grid_flags& f, const std::string& reps_help) 
       ->capture_default_str();
   cmd.add_option("--dtype", f.dtypes,
                  "cache formats, comma-separated: f16, bf16, q8_0 and q4_0 (ggml's blocks), fp8_e4m3, fp8_e5m2 "
-                 "(with a scale per KV head); each its own rows")
+                 "(with a scale per KV head); q8_0/f16 and q4_0/f16 for keys and values in two formats "
+                 "(llama.cpp's -ctk q8_0 with f16 values); each its own rows")
       ->delimiter(',')
       ->capture_default_str();
   cmd.add_option("--eps", f.eps, "target errors epsilon (value scale), comma-separated")

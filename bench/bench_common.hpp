@@ -42,19 +42,30 @@ std::string format_count(std::size_t n);
 enum class layout_kind { kHnd, kNhd, kPaged };
 std::string_view to_string(layout_kind k) noexcept;
 
+/// A cache's formats: its keys' and its values' (--dtype q8_0, or q8_0/f16 for q8_0 keys
+/// with f16 values, as llama.cpp's `-ctk q8_0` stores them).
+struct cache_dtype {
+  cache_format key = cache_format::f16, value = cache_format::f16;
+  bool mixed() const noexcept { return key != value; }
+  bool operator==(const cache_dtype&) const = default;
+};
+/// "q8_0", or "q8_0/f16" where the values differ.
+std::string to_string(cache_dtype t);
+
 /// The grid point a speed or index row measured.
 struct run_point {
   std::size_t context = 0, kv_heads = 0, group = 0, head_dim = 0, threads = 0;
   layout_kind layout = layout_kind::kHnd;
   syn::regime regime = syn::regime::kMixed;
   double eps = 0, delta = 0;
-  cache_format dtype = cache_format::f16;
+  cache_dtype dtype;
 };
 /// Its fields, the first of every such row's record (names of the JSON contract).
 record point_fields(const run_point& p);
 layout_kind layout_from_string(std::string_view s);
-/// --dtype: the cache formats the bench stores (f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2).
-cache_format dtype_from_string(std::string_view s);
+/// --dtype: the cache formats the bench stores (f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2),
+/// or keys and values in two of them (q8_0/f16, q4_0/f16).
+cache_dtype dtype_from_string(std::string_view s);
 
 /// One layer's cache (all KV heads) in one layout and one format (fp16 by default; the
 /// others rounded or quantized from the synthetic fp16 rows, an fp8 cache with a scale per
@@ -66,8 +77,7 @@ class layer_cache {
  public:
   static constexpr std::size_t kPageTokens = 16;
 
-  layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed,
-              cache_format format = cache_format::f16);
+  layer_cache(const syn::kv_cache& src, layout_kind kind, std::uint64_t seed, cache_dtype format = {});
   layer_cache(const layer_cache&) = delete;
   layer_cache& operator=(const layer_cache&) = delete;
 
@@ -75,9 +85,9 @@ class layer_cache {
   std::size_t tokens() const noexcept { return n_; }
   std::size_t heads() const noexcept { return heads_; }
   std::size_t head_dim() const noexcept { return d_; }
-  cache_format format() const noexcept { return format_; }
+  cache_dtype format() const noexcept { return format_; }
   /// Token-major rows (nhd) as T, the cache's element type: [tokens][kv_heads][head_dim]
-  /// elements, or head_dim / 32 blocks per head.
+  /// elements, or head_dim / 32 blocks per head (keys and values of one format only).
   template <kv_element T = half>
   const T* keys() const noexcept { return reinterpret_cast<const T*>(k_); }
   template <kv_element T = half>
@@ -85,12 +95,14 @@ class layer_cache {
   /// An fp8 cache's scale pair per KV head (empty for other formats).
   std::span<const fp8_scales> scales() const noexcept { return scales_; }
   /// K and V bytes of the first n tokens of every head: what dense attention reads.
-  std::size_t kv_bytes(std::size_t n) const noexcept { return 2 * n * heads_ * row_bytes_; }
+  std::size_t kv_bytes(std::size_t n) const noexcept {
+    return n * heads_ * (key_row_bytes_ + value_row_bytes_);
+  }
 
-  template <kv_element T>
-  strided_kv<T> strided(std::size_t h) const;  // hnd, nhd
-  template <kv_element T>
-  paged_kv<T> paged(std::size_t h) const;      // paged
+  template <kv_element K, kv_element V = K>
+  strided_kv<K, V> strided(std::size_t h) const;  // hnd, nhd
+  template <kv_element K, kv_element V = K>
+  paged_kv<K, V> paged(std::size_t h) const;      // paged
   strided_kv<half> strided(std::size_t h) const { return strided<half>(h); }
 
   /// Calls f(view_of) with view_of(h) -> the kv_view of head h (all tokens), so that the
@@ -101,12 +113,14 @@ class layer_cache {
   template <class F>
   decltype(auto) visit(F&& f) const {
 #if CERTATTN_BENCH_F16_ONLY
-    if (format_ != cache_format::f16)
-      throw error("--dtype " + std::string(to_string(format_)) +
+    if (format_ != cache_dtype{})
+      throw error("--dtype " + to_string(format_) +
                   ": this certattn-bench was built with CERTATTN_BENCH_F16_ONLY (fp16 caches only)");
     return visit_as<half>(f);
 #else
-    switch (format_) {
+    if (format_ == cache_dtype{cache_format::q8_0, cache_format::f16}) return visit_as<block_q8_0, half>(f);
+    if (format_ == cache_dtype{cache_format::q4_0, cache_format::f16}) return visit_as<block_q4_0, half>(f);
+    switch (format_.key) {
       case cache_format::bf16: return visit_as<bfloat16>(f);
       case cache_format::q8_0: return visit_as<block_q8_0>(f);
       case cache_format::q4_0: return visit_as<block_q4_0>(f);
@@ -118,21 +132,26 @@ class layer_cache {
   }
 
  private:
-  template <kv_element T, class F>
+  template <kv_element K, kv_element V = K, class F>
   decltype(auto) visit_as(F& f) const {
-    if (kind_ == layout_kind::kPaged) return f([this](std::size_t h) { return paged<T>(h); });
-    return f([this](std::size_t h) { return strided<T>(h); });
+    if (kind_ == layout_kind::kPaged) return f([this](std::size_t h) { return paged<K, V>(h); });
+    return f([this](std::size_t h) { return strided<K, V>(h); });
   }
-  template <kv_element T>
+  template <kv_element K, kv_element V>
   auto with_scale(auto view, std::size_t h) const {
-    if constexpr (fp8_element<T>)
+    if constexpr (fp8_element<K> || fp8_element<V>)
       return view.with_scales(scales_[h]);
     else
       return view;
   }
+  template <kv_element K, kv_element V>
+  void check_format(const char* what) const {
+    if (cache_dtype{format_traits<K>::format, format_traits<V>::format} != format_)
+      throw error(std::string("layer_cache::") + what + ": another format");
+  }
   layout_kind kind_;
-  cache_format format_;
-  std::size_t n_, d_, heads_, row_bytes_;
+  cache_dtype format_;
+  std::size_t n_, d_, heads_, key_row_bytes_, value_row_bytes_;
   const std::uint8_t* k_ = nullptr;
   const std::uint8_t* v_ = nullptr;
   large_vector<std::uint8_t> keys_, values_;  // empty for an fp16 hnd; on huge pages (memory.hpp)
@@ -140,24 +159,24 @@ class layer_cache {
   std::vector<fp8_scales> scales_;  // per head (fp8)
 };
 
-template <kv_element T>
-strided_kv<T> layer_cache::strided(std::size_t h) const {
-  const T* k = reinterpret_cast<const T*>(k_);
-  const T* v = reinterpret_cast<const T*>(v_);
-  if (format_traits<T>::format != format_) throw error("layer_cache::strided: another format");
-  if (kind_ == layout_kind::kHnd) return with_scale<T>(hnd_view(k, v, n_, n_, heads_, d_, h), h);
-  if (kind_ == layout_kind::kNhd) return with_scale<T>(nhd_view(k, v, n_, heads_, d_, h), h);
+template <kv_element K, kv_element V>
+strided_kv<K, V> layer_cache::strided(std::size_t h) const {
+  const K* k = reinterpret_cast<const K*>(k_);
+  const V* v = reinterpret_cast<const V*>(v_);
+  check_format<K, V>("strided");
+  if (kind_ == layout_kind::kHnd) return with_scale<K, V>(hnd_view(k, v, n_, n_, heads_, d_, h), h);
+  if (kind_ == layout_kind::kNhd) return with_scale<K, V>(nhd_view(k, v, n_, heads_, d_, h), h);
   throw error("layer_cache::strided: the paged layout has no strided view");
 }
 
-template <kv_element T>
-paged_kv<T> layer_cache::paged(std::size_t h) const {
+template <kv_element K, kv_element V>
+paged_kv<K, V> layer_cache::paged(std::size_t h) const {
   if (kind_ != layout_kind::kPaged) throw error("layer_cache::paged: not a paged layout");
-  if (format_traits<T>::format != format_) throw error("layer_cache::paged: another format");
-  const std::size_t u = format_traits<T>::units(d_);
-  return with_scale<T>(paged_kv<T>(reinterpret_cast<const T*>(k_), reinterpret_cast<const T*>(v_), table_, n_,
-                                   kPageTokens, d_, heads_ * kPageTokens * u, u, h * kPageTokens * u),
-                       h);
+  check_format<K, V>("paged");
+  const std::size_t u = format_traits<K>::units(d_);
+  return with_scale<K, V>(paged_kv<K, V>(reinterpret_cast<const K*>(k_), reinterpret_cast<const V*>(v_), table_,
+                                         n_, kPageTokens, d_, heads_ * kPageTokens * u, u, h * kPageTokens * u),
+                          h);
 }
 
 // ---- the grid every subcommand runs ------------------------------------------------------
@@ -223,7 +242,7 @@ struct grid {
   std::vector<std::size_t> threads;
   std::vector<syn::regime> regimes;
   std::vector<layout_kind> layouts;
-  std::vector<cache_format> dtypes;
+  std::vector<cache_dtype> dtypes;
 };
 grid resolve(const grid_flags& f);
 

@@ -167,11 +167,11 @@ std::vector<exact_summary> exact_calls(const eval_data& e, const Rows& rows, con
 }
 
 template <class Rows>
-cache_format rows_format(const Rows& rows) {
+cache_dtype rows_format(const Rows& rows) {
   if constexpr (std::is_same_v<Rows, stored_cache>)
     return rows.lc->format();
   else
-    return cache_format::f16;
+    return {};
 }
 
 /// One setting's audit over `cache` (the fp16 eval_data itself, or a stored_cache),
@@ -283,8 +283,8 @@ std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf 
   std::vector<audit_row> rows;
   for (std::size_t ci = 0; ci < C; ++ci) {
     audit_row a;
-    const cache_format format = rows_format(cache);
-    a.setting = e.name + (format == cache_format::f16 ? "" : " " + std::string(to_string(format)));
+    const cache_dtype format = rows_format(cache);
+    a.setting = e.name + (format == cache_dtype{} ? "" : " " + to_string(format));
     a.n = n;
     a.certificate = cfgs[ci].certificate;
     a.scale = cfgs[ci].scale;
@@ -316,9 +316,9 @@ std::vector<audit_row> audit_rows(const eval_data& e, const Rows& cache, ViewOf 
 
 /// One setting's audit with its cache stored in `dtype`: fp16 as the setting holds it, or
 /// quantized (stored_cache), where exact attention and the reference read the decoded rows.
-std::vector<audit_row> audit_setting(const eval_data& e, cache_format dtype, const std::vector<config>& cfgs,
+std::vector<audit_row> audit_setting(const eval_data& e, cache_dtype dtype, const std::vector<config>& cfgs,
                                      const audit_flags& f, std::size_t check_every, thread_pool& pool, progress& prog) {
-  if (dtype == cache_format::f16)
+  if (dtype == cache_dtype{})
     return audit_rows(e, e, [&](std::size_t h) { return e.view(h); }, cfgs, f, check_every, pool, prog);
   const stored_cache stored(e, dtype);
   return stored.lc->visit(
@@ -540,8 +540,9 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--csv", f->csv, "also write the rows as CSV to this file");
   cmd->add_option("--seed", f->seed, "seed of the synthetic data and the perturbations")->capture_default_str();
   cmd->add_option("--dtype", f->dtypes,
-                  "cache formats, comma-separated (f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2): each setting's cache "
-                  "stored in each, checked against exact attention over its decoded rows")
+                  "cache formats, comma-separated (f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2; q8_0/f16 and q4_0/f16 for "
+                  "keys and values in two formats): each setting's cache stored in each, checked against exact "
+                  "attention over its decoded rows")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--variant", f->variant,

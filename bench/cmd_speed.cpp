@@ -175,7 +175,7 @@ class nhd_dense_split {
   void run(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale, thread_pool& pool,
            std::vector<dense_workspace>& ws, std::span<float> out) {
 #if !CERTATTN_BENCH_F16_ONLY
-    switch (lc.format()) {
+    switch (lc.format().key) {  // one format: resolve() keeps q8_0/f16 and q4_0/f16 off nhd
       case cache_format::bf16: return run_as<bfloat16>(lc, q, group, scale, pool, ws, out);
       case cache_format::q8_0: return run_as<block_q8_0>(lc, q, group, scale, pool, ws, out);
       case cache_format::q4_0: return run_as<block_q4_0>(lc, q, group, scale, pool, ws, out);
@@ -427,7 +427,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   const bool many_certificates = certificates.size() > 1;
   // The certificate column is shown even for one certificate: the default (tight) is not the
   // paper's, and a row without it would be read against the paper's tables.
-  const bool dtypes = g.dtypes.size() > 1 || g.dtypes[0] != cache_format::f16;
+  const bool dtypes = g.dtypes.size() > 1 || g.dtypes[0] != cache_dtype{};
   std::vector<std::string> headers{"context", "<layout", "thr"};
   if (dtypes) headers.push_back("<dtype");
   if (many_regimes) headers.push_back("<regime");
@@ -444,7 +444,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   text_table table(headers);
   for (const speed_row& r : rows) {
     std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads)};
-    if (dtypes) c.push_back(std::string(to_string(r.dtype)));
+    if (dtypes) c.push_back(to_string(r.dtype));
     if (many_regimes) c.push_back(std::string(syn::to_string(r.regime)));
     if (many_eps) c.push_back(strf("%g", r.eps));
     if (many_delta) c.push_back(strf("%g", r.delta));
@@ -601,13 +601,19 @@ void run_speed(const speed_flags& f) {
     throw error("--variant " + g.variant.text +
                 ": the nhd layout's dense baseline (dense_attend_nhd_layer) computes plain attention only; use "
                 "--layout hnd or paged");
+  for (const cache_dtype& t : g.dtypes)
+    if (t.mixed() && std::find(g.layouts.begin(), g.layouts.end(), layout_kind::kNhd) != g.layouts.end())
+      throw error("--dtype " + to_string(t) +
+                  ": the nhd layout's dense baseline (dense_attend_nhd_layer) reads keys and values of one format; "
+                  "use --layout hnd or paged");
   const layer_variant variant(g.variant, f.kv_heads, f.group, f.seed);
   if (g.variant.latent > 0) {
     if (g.variant.latent > f.head_dim)
       throw error("--variant latent:" + std::to_string(g.variant.latent) + ": the value width exceeds --head-dim " +
                   std::to_string(f.head_dim));
     for (layout_kind l : g.layouts)
-      if (l != layout_kind::kHnd) throw error("--variant latent:DV runs on the hnd layout only");    if (g.dtypes.size() > 1 || g.dtypes[0] != cache_format::f16)
+      if (l != layout_kind::kHnd) throw error("--variant latent:DV runs on the hnd layout only");
+    if (g.dtypes.size() > 1 || g.dtypes[0] != cache_dtype{})
       throw error("--variant latent:DV runs on the f16 cache only");
   }
   const std::vector<certificate_kind> certificates = certificates_from(f.certificates);
@@ -679,10 +685,10 @@ void run_speed(const speed_flags& f) {
       std::map<std::size_t, std::vector<float>> queries_of;
       for (std::size_t p : f.positions) queries_of[p] = make_step_queries(cache, p * G, steps);
       worker_scratch scratch(P.largest().size(), max_positions * G, d, H, n, f.profile_stages);
-      for (cache_format dtype : g.dtypes) {
+      for (const cache_dtype& dtype : g.dtypes) {
       // The index of each KV head, built from the head-major cache in this format (every
       // layout of it stores the same numbers).
-      prog.set_stage(ctx + " " + std::string(to_string(dtype)) + ": key indexes");
+      prog.set_stage(ctx + " " + to_string(dtype) + ": key indexes");
       const std::unique_ptr<const layer_cache> hnd =
           std::make_unique<const layer_cache>(cache, layout_kind::kHnd, f.seed, dtype);
       std::vector<key_index> idx(H, key_index(d));

@@ -113,7 +113,7 @@ struct stored_cache {
   std::unique_ptr<const layer_cache> lc;
   std::vector<float> keys, values;  // [heads][n][d], decoded
 
-  stored_cache(const eval_data& e, cache_format format) : n(e.n), d(e.d) {
+  stored_cache(const eval_data& e, cache_dtype format) : n(e.n), d(e.d) {
     syn::kv_cache src;
     src.config.n_tokens = e.n;
     src.config.head_dim = e.d;

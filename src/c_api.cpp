@@ -101,44 +101,54 @@ void require(const void* p, const char* name) {
 float fp8_scale(float s) { return s == 0.0f ? 1.0f : s; }
 
 /// The view with the cache's fp8 scales; other dtypes must leave them 0 or 1.
-template <class T, class View>
+template <class K, class V, class View>
 auto with_scales(const certattn_cache& c, const View& kv) {
-  if constexpr (certattn::fp8_element<T>) {
+  const auto unit = [](float s) { return s == 0.0f || s == 1.0f; };
+  if constexpr (certattn::fp8_element<K> || certattn::fp8_element<V>) {
     if constexpr (requires { kv.with_scale(1.0f); }) {
       if (c.value_scale != 0.0f && c.value_scale != c.key_scale)
         throw error("cache.value_scale must be 0 or equal to cache.key_scale for the latent layout "
                     "(the values are the key rows)");
       return kv.with_scale(certattn::check_cache_scale(fp8_scale(c.key_scale), "cache.key_scale"));
     } else {
+      if (!certattn::fp8_element<K> && !unit(c.key_scale))
+        throw error("cache.key_scale applies to fp8 keys only: leave it 0 (got " + std::to_string(c.key_scale) + ")");
+      if (!certattn::fp8_element<V> && !unit(c.value_scale))
+        throw error("cache.value_scale applies to fp8 values only: leave it 0 (got " +
+                    std::to_string(c.value_scale) + ")");
       return kv.with_scales({certattn::check_cache_scale(fp8_scale(c.key_scale), "cache.key_scale"),
                              certattn::check_cache_scale(fp8_scale(c.value_scale), "cache.value_scale")});
     }
   } else {
-    if ((c.key_scale != 0.0f && c.key_scale != 1.0f) || (c.value_scale != 0.0f && c.value_scale != 1.0f))
+    if (!unit(c.key_scale) || !unit(c.value_scale))
       throw error("cache.key_scale and cache.value_scale apply to fp8 caches only: leave them 0 (got " +
                   std::to_string(c.key_scale) + ", " + std::to_string(c.value_scale) + ")");
     return kv;
   }
 }
 
-// The cache as the C++ adapters see it: f(kv) with kv a strided_kv<T>, paged_kv<T> or
-// latent_kv<T> (with its fp8 scales).
-template <class T, class F>
+// The cache as the C++ adapters see it: f(kv) with kv a strided_kv<K, V>, paged_kv<K, V> or
+// latent_kv<K> (with its fp8 scales).
+template <class K, class V, class F>
 void with_layout(const certattn_cache& c, F&& f) {
-  const T* k = static_cast<const T*>(c.keys);
-  const T* v = static_cast<const T*>(c.values);
+  const K* k = static_cast<const K*>(c.keys);
+  const V* v = static_cast<const V*>(c.values);
   if (c.layout == CERTATTN_LAYOUT_LATENT) {
-    if (v != nullptr && v != k)
-      throw error("cache.values must be NULL or equal to cache.keys for the latent layout (the values "
-                  "are the first value_dim channels of the key rows)");
-    f(with_scales<T>(c, certattn::latent_kv<T>(k, c.n_tokens, c.head_dim, c.value_dim, c.key_stride)));
-    return;
+    if constexpr (std::is_same_v<K, V>) {
+      if (v != nullptr && v != k)
+        throw error("cache.values must be NULL or equal to cache.keys for the latent layout (the values "
+                    "are the first value_dim channels of the key rows)");
+      f(with_scales<K, K>(c, certattn::latent_kv<K>(k, c.n_tokens, c.head_dim, c.value_dim, c.key_stride)));
+      return;
+    } else {
+      throw error("cache.value_dtype must be 0 for the latent layout (the values are the key rows)");
+    }
   }
   if (c.value_dim != 0 && c.value_dim != c.head_dim)
     throw error("cache.value_dim = " + std::to_string(c.value_dim) +
                 ": a value width other than head_dim needs the latent layout");
   if (c.layout == CERTATTN_LAYOUT_STRIDED) {
-    f(with_scales<T>(c, certattn::strided_kv<T>(k, v, c.n_tokens, c.head_dim, c.key_stride, c.value_stride)));
+    f(with_scales<K, V>(c, certattn::strided_kv<K, V>(k, v, c.n_tokens, c.head_dim, c.key_stride, c.value_stride)));
   } else {
     if (c.block_table == nullptr && c.block_table_len > 0)
       throw error("cache.block_table is NULL but cache.block_table_len is " +
@@ -146,8 +156,8 @@ void with_layout(const certattn_cache& c, F&& f) {
     if (c.block_table == nullptr && c.n_tokens > 0)
       throw error("cache.block_table must not be NULL for a paged cache with tokens");
     const std::span<const std::int32_t> table(c.block_table, c.block_table_len);
-    f(with_scales<T>(c, certattn::paged_kv<T>(k, v, table, c.n_tokens, c.page_size, c.head_dim,
-                                              c.page_stride, c.token_stride, c.head_offset)));
+    f(with_scales<K, V>(c, certattn::paged_kv<K, V>(k, v, table, c.n_tokens, c.page_size, c.head_dim,
+                                                    c.page_stride, c.token_stride, c.head_offset)));
   }
 }
 
@@ -166,14 +176,30 @@ void with_cache(const certattn_cache* c, F&& f) {
       (c->keys == nullptr || (c->values == nullptr && c->layout != CERTATTN_LAYOUT_LATENT)))
     throw error("cache.keys and cache.values must not be NULL (cache.n_tokens = " +
                 std::to_string(c->n_tokens) + ")");
+  if (c->value_dtype != CERTATTN_VALUE_DTYPE_AS_KEYS && c->value_dtype != 1 + c->dtype) {
+    // Keys and values in two formats: the pairs llama.cpp's caches use.
+    using certattn::block_q4_0;
+    using certattn::block_q8_0;
+    using certattn::half;
+    if (c->dtype == CERTATTN_DTYPE_Q8_0 && c->value_dtype == CERTATTN_VALUE_DTYPE_F16)
+      return with_layout<block_q8_0, half>(*c, f);
+    if (c->dtype == CERTATTN_DTYPE_Q4_0 && c->value_dtype == CERTATTN_VALUE_DTYPE_F16)
+      return with_layout<block_q4_0, half>(*c, f);
+    if (c->dtype == CERTATTN_DTYPE_Q8_0 && c->value_dtype == CERTATTN_VALUE_DTYPE_Q4_0)
+      return with_layout<block_q8_0, block_q4_0>(*c, f);
+    throw error("cache.value_dtype = " + std::to_string(c->value_dtype) + " with cache.dtype = " +
+                std::to_string(c->dtype) +
+                ": keys and values in two formats are served as q8_0 keys with f16 (value_dtype 1) or q4_0 "
+                "(value_dtype 5) values, and q4_0 keys with f16 values; 0 means the keys' format");
+  }
   switch (c->dtype) {
-    case CERTATTN_DTYPE_F16: return with_layout<certattn::half>(*c, f);
-    case CERTATTN_DTYPE_BF16: return with_layout<certattn::bfloat16>(*c, f);
-    case CERTATTN_DTYPE_F32: return with_layout<float>(*c, f);
-    case CERTATTN_DTYPE_Q8_0: return with_layout<certattn::block_q8_0>(*c, f);
-    case CERTATTN_DTYPE_Q4_0: return with_layout<certattn::block_q4_0>(*c, f);
-    case CERTATTN_DTYPE_FP8_E4M3: return with_layout<certattn::fp8_e4m3>(*c, f);
-    case CERTATTN_DTYPE_FP8_E5M2: return with_layout<certattn::fp8_e5m2>(*c, f);
+    case CERTATTN_DTYPE_F16: return with_layout<certattn::half, certattn::half>(*c, f);
+    case CERTATTN_DTYPE_BF16: return with_layout<certattn::bfloat16, certattn::bfloat16>(*c, f);
+    case CERTATTN_DTYPE_F32: return with_layout<float, float>(*c, f);
+    case CERTATTN_DTYPE_Q8_0: return with_layout<certattn::block_q8_0, certattn::block_q8_0>(*c, f);
+    case CERTATTN_DTYPE_Q4_0: return with_layout<certattn::block_q4_0, certattn::block_q4_0>(*c, f);
+    case CERTATTN_DTYPE_FP8_E4M3: return with_layout<certattn::fp8_e4m3, certattn::fp8_e4m3>(*c, f);
+    case CERTATTN_DTYPE_FP8_E5M2: return with_layout<certattn::fp8_e5m2, certattn::fp8_e5m2>(*c, f);
     default:
       throw error("cache.dtype = " + std::to_string(c->dtype) +
                   " is not a certattn_dtype (0 f16, 1 bf16, 2 f32, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2)");

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -171,14 +172,17 @@ TEST(DecodeKernels, SameBitsOnEveryIsa) {
 // ---- the certified call over each format -----------------------------------------------
 
 struct format_case {
-  cache_format format;
+  cache_format format;        // the keys'
+  cache_format value_format;  // the values' (the keys' in most cases)
   layout_kind layout;
   synthetic::regime kind;
   std::size_t d, group, n;
 };
 
 std::string name_of(const format_case& c) {
-  return std::string(to_string(c.format)) + "_" + test::to_string(c.layout) + "_" +
+  const std::string values =
+      c.value_format == c.format ? "" : "_values_" + std::string(to_string(c.value_format));
+  return std::string(to_string(c.format)) + values + "_" + test::to_string(c.layout) + "_" +
          std::string(synthetic::to_string(c.kind)) + "_d" + std::to_string(c.d) + "_G" +
          std::to_string(c.group) + "_n" + std::to_string(c.n);
 }
@@ -208,7 +212,7 @@ void check_dense_kernel(const std::vector<float>& q, std::size_t G, const View& 
 
 /// One call per ISA on the same index; the fast path against the reference, the
 /// certificate against exact attention, and the ISAs against each other.
-template <class T, class View>
+template <class K, class V, class View>
 void check_format_call(const format_case& p, const View& kv, const synthetic::kv_cache& src,
                        std::size_t head) {
   const std::size_t n = p.n, d = p.d, G = p.group;
@@ -216,7 +220,8 @@ void check_format_call(const format_case& p, const View& kv, const synthetic::kv
   const std::size_t n0 = n - std::min<std::size_t>(n / 4, 500);
   idx.build(kv.prefix(n0));
   for (std::size_t t = n0; t < n; ++t) idx.append(kv, t);
-  EXPECT_EQ(idx.format(), format_traits<T>::format);
+  EXPECT_EQ(idx.format(), format_traits<K>::format);
+  EXPECT_EQ(idx.value_format(), format_traits<V>::format);
 
   const dense_rows<View> rows(kv);  // the decoded cache: what "exact" means
   attend_workspace ws(G, d, n);
@@ -301,7 +306,7 @@ void check_format_call(const format_case& p, const View& kv, const synthetic::kv
   check_dense_kernel(q, G, kv, rows);
 }
 
-template <class T>
+template <class K, class V = K>
 void run_format_case(const format_case& p) {
   synthetic::cache_config cfg;
   cfg.n_tokens = p.n;
@@ -310,17 +315,30 @@ void run_format_case(const format_case& p) {
   cfg.kind = p.kind;
   cfg.seed = 77 + p.n;
   const synthetic::kv_cache src = synthetic::make_cache(cfg);
-  const auto cache = test::make_layout_cache<T>(src, p.layout);
+  const auto cache = test::make_layout_cache<K, V>(src, p.layout);
   if (p.layout == layout_kind::kPaged)
-    check_format_call<T>(p, cache.paged(1), src, 1);
+    check_format_call<K, V>(p, cache.paged(1), src, 1);
   else
-    check_format_call<T>(p, cache.strided(1), src, 1);
+    check_format_call<K, V>(p, cache.strided(1), src, 1);
 }
 
 class FormatCall : public ::testing::TestWithParam<format_case> {};
 
 TEST_P(FormatCall, FastPathIsReferenceAndCertifiedOverTheDecodedCache) {
   const format_case& p = GetParam();
+  if (p.value_format != p.format) {  // keys and values in different formats
+    if (p.format == cache_format::q8_0 && p.value_format == cache_format::f16)
+      run_format_case<block_q8_0, half>(p);
+    else if (p.format == cache_format::q4_0 && p.value_format == cache_format::f16)
+      run_format_case<block_q4_0, half>(p);
+    else if (p.format == cache_format::q8_0 && p.value_format == cache_format::q4_0)
+      run_format_case<block_q8_0, block_q4_0>(p);
+    else if (p.format == cache_format::f16 && p.value_format == cache_format::fp8_e4m3)
+      run_format_case<half, fp8_e4m3>(p);
+    else
+      FAIL() << "no case for these formats";
+    return;
+  }
   switch (p.format) {
     case cache_format::q8_0: run_format_case<block_q8_0>(p); break;
     case cache_format::q4_0: run_format_case<block_q4_0>(p); break;
@@ -340,8 +358,22 @@ std::vector<format_case> format_cases() {
   for (cache_format f : formats)
     for (layout_kind l : layouts) {
       const std::size_t d = k % 2 == 0 ? 128 : 64;
-      c.push_back({f, l, kinds[k % 3], d, k % 3 == 0 ? std::size_t(1) : std::size_t(4),
+      c.push_back({f, f, l, kinds[k % 3], d, k % 3 == 0 ? std::size_t(1) : std::size_t(4),
                    k % 4 == 0 ? std::size_t(8192) : std::size_t(3000)});
+      ++k;
+    }
+  // Keys and values in different formats: llama.cpp's -ctk q8_0 / q4_0 with f16 values
+  // (or q4_0 values), and fp8 values beside f16 keys; strided and paged.
+  const std::pair<cache_format, cache_format> mixed[] = {
+      {cache_format::q8_0, cache_format::f16},
+      {cache_format::q4_0, cache_format::f16},
+      {cache_format::q8_0, cache_format::q4_0},
+      {cache_format::f16, cache_format::fp8_e4m3}};
+  for (const auto& [kf, vf] : mixed)
+    for (layout_kind l : {layout_kind::kNhd, layout_kind::kPaged}) {
+      const std::size_t d = k % 2 == 0 ? 128 : 64;
+      c.push_back({kf, vf, l, kinds[k % 3], d, k % 3 == 0 ? std::size_t(1) : std::size_t(4),
+                   std::size_t(3000)});
       ++k;
     }
   return c;
@@ -426,6 +458,23 @@ TEST(FormatBadInput, ErrorsNameTheArgument) {
               attend_group(std::span<const float>(q), 1, other, idx5, noise_key{}, options{},
                            std::span<float>(out), std::span<certificate>(certs), ws);
             }).find("differ from those the key index was built with"),
+            std::string::npos);
+  // Keys and values in different formats: the index records both, and a side that is not
+  // fp8 keeps the scale 1.
+  std::vector<half> v16(16 * 128, half(0.5f));
+  const auto mixed = hnd_view(k8.data(), v16.data(), 16, 16, 1, 128, 0);
+  static_assert(std::is_same_v<decltype(mixed), const strided_kv<block_q8_0, half>>);
+  EXPECT_NE(message_of([&] { idx.append(mixed, 15); }).find("kv: f16 values, but the key index was built from q8_0 values"),
+            std::string::npos);
+  std::vector<fp8_e4m3> v8e(16 * 128);
+  const auto fp8_values = hnd_view(v16.data(), v8e.data(), 16, 16, 1, 128, 0);
+  EXPECT_NE(message_of([&] { (void)fp8_values.with_scales({2.0f, 1.0f}); })
+                .find("key scale (2.000000) must be 1: the keys are f16, not fp8"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              const paged_kv<half, block_q8_0> p(v16.data(), k8.data(), std::span<const std::int32_t>(), 0,
+                                                 16, 128, 16 * 128, 136, 0);
+            }).find("token_stride (136) must be whole blocks of the values' 32 channels"),
             std::string::npos);
 }
 

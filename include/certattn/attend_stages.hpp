@@ -263,7 +263,6 @@ struct attend_stages : exact_paths {
     const value_radius radius{idx.value_radius_base(pool_end), idx.value_center()};
     double g2 = 0.0;
     const std::size_t dv = value_dim_of(kv);
-    using T = typename KV::element_type;
     for (std::size_t i = 0; i < dv; ++i) g2 += radius.center_at(i) * radius.center_at(i);
     return call_context{
         .user = user_opt,

@@ -121,13 +121,13 @@ struct row_access {
   /// Token t's key row as the kernels read it: in place, or decoded into slot `slot` (of
   /// 8) of the call's scratch for a quantized cache.
   template <kv_view KV>
-  static const row_element_t<KV>* key_of(const KV& kv, std::size_t t, const call_context& cx,
+  static const key_row_t<KV>* key_of(const KV& kv, std::size_t t, const call_context& cx,
                                          std::size_t slot = 0) noexcept {
     return key_row(kv, t, cx.decoded + slot * cx.d);
   }
   /// Token t's value row as the kernels read it (decoded into the value slot).
   template <kv_view KV>
-  static const row_element_t<KV>* value_of(const KV& kv, std::size_t t,
+  static const value_row_t<KV>* value_of(const KV& kv, std::size_t t,
                                            const call_context& cx) noexcept {
     return value_row(kv, t, cx.decoded + 8 * cx.d);
   }

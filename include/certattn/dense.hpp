@@ -113,33 +113,34 @@ struct dense_workspace_access {
 
 using dense_chunk_fn = void (*)(const dense_chunk_args&);
 
-/// The AVX-512 kernel for a quantized element type T where it is active, else null (the
-/// caller decodes rows into a float tile for the float kernel).
-template <class T>
+/// The AVX-512 kernel for key rows of type K and value rows of type V, at least one of them
+/// quantized, where it is active, else null (the caller decodes rows into a float tile for
+/// the float kernel).
+template <class K, class V = K>
 inline dense_chunk_fn select_quantized_dense_kernel() noexcept {
 #if CERTATTN_X86
-  if (active_isa() == isa::kAvx512Vnni) return &avx512::dense::dense_chunk<T>;
+  if (active_isa() == isa::kAvx512Vnni) return &avx512::dense::dense_chunk<K, V>;
 #endif
   return nullptr;
 }
 
-/// The chunk kernel for element type T on the ISA active now.
-template <class T>
+/// The chunk kernel for key rows of type K and value rows of type V on the ISA active now.
+template <class K, class V = K>
 inline dense_chunk_fn select_dense_kernel() noexcept {
 #if CERTATTN_X86
   switch (active_isa()) {
     case isa::kAvx512Vnni:
-      return &avx512::dense::dense_chunk<T>;
+      return &avx512::dense::dense_chunk<K, V>;
     case isa::kAvx2:
-      return &avx2::dense::dense_chunk<T>;
+      return &avx2::dense::dense_chunk<K, V>;
     case isa::kScalar:
       break;
   }
 #endif
 #if CERTATTN_PORTABLE_SIMD
-  return &portable::dense_chunk<T>;
+  return &portable::dense_chunk<K, V>;
 #else
-  return &scalar::dense_chunk<T>;
+  return &scalar::dense_chunk<K, V>;
 #endif
 }
 
@@ -200,14 +201,14 @@ inline void dense_fill_rows(const KV& kv, std::size_t t0, std::size_t n, const v
 /// The same for a paged cache, one block-table lookup per page instead of a division per
 /// token (which cost ~15 ns per token, doubling the time of the G = 1 kernel). Within a
 /// page paged_kv's rows are evenly spaced (its token_stride), so two rows give the rest.
-template <cache_element T>
-inline void dense_fill_rows(const paged_kv<T>& kv, std::size_t t0, std::size_t n, const void** keys,
-                            const void** values) {
+template <cache_element K, cache_element V>
+inline void dense_fill_rows(const paged_kv<K, V>& kv, std::size_t t0, std::size_t n,
+                            const void** keys, const void** values) {
   const std::size_t page = kv.page_size(), end = t0 + n;
   for (std::size_t t = t0, i = 0; t < end;) {
     const std::size_t run = std::min(page - t % page, end - t);  // tokens left in this page
-    const T* k = kv.key(t);
-    const T* v = kv.value(t);
+    const K* k = kv.key(t);
+    const V* v = kv.value(t);
     const std::ptrdiff_t ks = run > 1 ? kv.key(t + 1) - k : 0;
     const std::ptrdiff_t vs = run > 1 ? kv.value(t + 1) - v : 0;
     for (std::size_t j = 0; j < run; ++j, ++i) {
@@ -226,8 +227,9 @@ inline void dense_fill_rows(const kv_prefix<KV>& kv, std::size_t t0, std::size_t
 }
 
 /// Tokens [t0, t0 + n) of a quantized cache decoded into the tiles (rows `stride` floats
-/// apart), with their row pointers; the stored rows of the next chunk (below `end`) are
-/// prefetched, so that they arrive while this one is computed.
+/// apart; a side stored as 16-bit or float elements is read in place), with their row
+/// pointers; the stored rows of the next chunk (below `end`) are prefetched, so that they
+/// arrive while this one is computed.
 template <kv_view KV>
 inline void dense_decode_rows(const KV& kv, std::size_t t0, std::size_t n, std::size_t end,
                               std::size_t stride, float* key_tile, float* value_tile,
@@ -306,12 +308,14 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
                    float softmax_scale, std::size_t begin, std::size_t end,
                    std::span<float> max_scores, std::span<float> sums, std::span<float> acc,
                    dense_workspace& ws, const attention_variant& variant = {}) {
-  using T = typename KV::element_type;
+  using K = key_element_t<KV>;
+  using V = value_element_t<KV>;
   using A = detail::dense_workspace_access;
   // A quantized cache without the AVX-512 kernel: rows decoded into a float tile.
+  constexpr bool quantized = quantized_element<K> || quantized_element<V>;
   detail::dense_chunk_fn fused = nullptr;
-  if constexpr (quantized_element<T>) fused = detail::select_quantized_dense_kernel<T>();
-  const bool decoded = quantized_element<T> && fused == nullptr;
+  if constexpr (quantized) fused = detail::select_quantized_dense_kernel<K, V>();
+  const bool decoded = quantized && fused == nullptr;
   const std::size_t d = kv.head_dim(), dv = value_dim_of(kv);
   if (group == 0) throw error("group must be > 0");
   if (begin > end)
@@ -359,10 +363,10 @@ void dense_partial(std::span<const float> queries, std::size_t group, const KV& 
   constexpr std::size_t C = detail::dense_chunk_tokens;
   const std::size_t tile_stride = detail::dense_round16(d);
   detail::dense_run_units((end - begin + C - 1) / C, args,
-                          fused != nullptr ? fused : detail::select_dense_kernel<row_element_t<KV>>(), ws,
+                          fused != nullptr ? fused : detail::select_dense_kernel<key_row_t<KV>, value_row_t<KV>>(), ws,
                           [&](std::size_t u, const void** keys, const void** values) {
                             const std::size_t t0 = begin + u * C, n = end - t0 < C ? end - t0 : C;
-                            if constexpr (quantized_element<T>)
+                            if constexpr (quantized)
                               if (decoded) {
                                 detail::dense_decode_rows(kv, t0, n, end, tile_stride, A::key_tile(ws),
                                                           A::value_tile(ws), keys, values);

@@ -120,7 +120,8 @@ class key_index {
     scales_.clear();
     max_abs_key_ = kmax;
     built_ = true;
-    format_ = format_traits<typename KV::element_type>::format;
+    format_ = format_traits<key_element_t<KV>>::format;
+    value_format_ = format_traits<value_element_t<KV>>::format;
     key_scale_ = key_scale_of(kv);
     value_scale_ = value_scale_of(kv);
     dv_ = value_dim_of(kv);
@@ -341,10 +342,14 @@ class key_index {
   template <kv_view KV>
   void check_format(const KV& kv) const {
     if (!built_) return;
-    const cache_format f = format_traits<typename KV::element_type>::format;
+    const cache_format f = format_traits<key_element_t<KV>>::format;
+    const cache_format vf = format_traits<value_element_t<KV>>::format;
     if (f != format_)
       throw error("kv: a " + std::string(to_string(f)) + " cache, but the key index was built from a " +
                   std::string(to_string(format_)) + " cache");
+    if (vf != value_format_)
+      throw error("kv: " + std::string(to_string(vf)) + " values, but the key index was built from " +
+                  std::string(to_string(value_format_)) + " values");
     if (key_scale_of(kv) != key_scale_ || value_scale_of(kv) != value_scale_)
       throw error("kv: scales (key " + std::to_string(key_scale_of(kv)) + ", value " +
                   std::to_string(value_scale_of(kv)) + ") differ from those the key index was built with (" +
@@ -352,6 +357,8 @@ class key_index {
   }
   /// The cache format the index was built from.
   cache_format format() const noexcept { return format_; }
+  /// The format of the values it was built from (the keys' unless they differ).
+  cache_format value_format() const noexcept { return value_format_; }
 
  private:
   /// Throws on a NaN or Inf in token t's key or value; returns max |k| of its key.
@@ -611,6 +618,7 @@ class key_index {
   bool built_ = false;
   cache_format format_ = cache_format::f16;   // what build() read, and every call must
   float key_scale_ = 1.0f, value_scale_ = 1.0f;
+  cache_format value_format_ = cache_format::f16;  // its values' (value distances, exact set)
   refresh_policy policy_ = refresh_policy::kOnDoubling;
   float max_abs_key_ = 0.0f;
   float cap_ = std::numeric_limits<float>::infinity();

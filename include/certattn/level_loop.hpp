@@ -412,7 +412,7 @@ struct head_loop : row_access {
     // Exact keys 8 at a time through the batched score (independent chains, same bits).
     for (std::size_t i = 0; i < n_score; i += 8) {
       const std::size_t m = std::min<std::size_t>(8, n_score - i);
-      const row_element_t<KV>* rows[8];
+      const key_row_t<KV>* rows[8];
       for (std::size_t j = 0; j < 8; ++j) {
         if (i + j + kPrefetchAhead < n_score)
           prefetch_rows(kv.key(ws.to_score_[i + j + kPrefetchAhead]), cx.key_bytes);

@@ -41,18 +41,19 @@ constexpr std::int32_t dtype_of() {
 }
 
 // The C description of head kHead of a layout_cache (as its strided() / paged() views).
-template <class T>
-certattn_cache describe(const test::layout_cache<T>& c, std::size_t n) {
+template <class K, class V>
+certattn_cache describe(const test::layout_cache<K, V>& c, std::size_t n) {
   certattn_cache r;
   std::memset(&r, 0, sizeof r);
-  r.dtype = dtype_of<T>();
+  r.dtype = dtype_of<K>();
+  if constexpr (!std::is_same_v<K, V>) r.value_dtype = 1 + dtype_of<V>();
   r.n_tokens = n;
   r.head_dim = c.d;
-  if constexpr (fp8_element<T>) {
+  if constexpr (fp8_element<K>) {
     r.key_scale = c.scales[kHead].key;
     r.value_scale = c.scales[kHead].value;
   }
-  const std::size_t u = format_traits<T>::units(c.d);  // strides count blocks
+  const std::size_t u = format_traits<K>::units(c.d);  // strides count key blocks
   if (c.kind == layout_kind::kPaged) {
     r.layout = CERTATTN_LAYOUT_PAGED;
     r.keys = c.keys.data();
@@ -125,18 +126,18 @@ void expect_same(const certificate& a, const certattn_certificate& b, const std:
 struct equiv_case {
   synthetic::regime regime;
   layout_kind layout;
-  int dtype;  // 0 half, 1 bfloat16, 2 float, 3 q8_0, 4 fp8_e4m3
+  int dtype;  // 0 half, 1 bfloat16, 2 float, 3 q8_0, 4 fp8_e4m3, 5 q8_0 keys with f16 values
 };
 
 std::string name_of(const testing::TestParamInfo<equiv_case>& p) {
-  static const char* types[] = {"f16", "bf16", "f32", "q8_0", "fp8_e4m3"};
+  static const char* types[] = {"f16", "bf16", "f32", "q8_0", "fp8_e4m3", "q8_0_values_f16"};
   return std::string(synthetic::to_string(p.param.regime)) + "_" + test::to_string(p.param.layout) +
          "_" + types[p.param.dtype];
 }
 
 class CApiEquivalence : public testing::TestWithParam<equiv_case> {};
 
-template <class T>
+template <class K, class V = K>
 void run_case(const equiv_case& p) {
   constexpr std::size_t n = 4096, d = 64, G = 4;
   synthetic::cache_config cfg;
@@ -145,7 +146,7 @@ void run_case(const equiv_case& p) {
   cfg.kv_heads = 2;
   cfg.kind = p.regime;
   const synthetic::kv_cache src = synthetic::make_cache(cfg);
-  const test::layout_cache<T> lc = test::make_layout_cache<T>(src, p.layout);
+  const test::layout_cache<K, V> lc = test::make_layout_cache<K, V>(src, p.layout);
   const certattn_cache cc = describe(lc, n);
 
   auto with_view = [&](auto&& f) {
@@ -337,6 +338,7 @@ TEST_P(CApiEquivalence, SameBitsAndCertificatesAsTheCppCall) {
     case 1: run_case<bfloat16>(p); break;
     case 3: run_case<block_q8_0>(p); break;
     case 4: run_case<fp8_e4m3>(p); break;
+    case 5: run_case<block_q8_0, half>(p); break;
     default: run_case<float>(p); break;
   }
 }
@@ -353,6 +355,8 @@ std::vector<equiv_case> cases() {
   for (int t = 3; t < 5; ++t)
     for (layout_kind l : {layout_kind::kHnd, layout_kind::kNhd, layout_kind::kPaged})
       c.push_back({synthetic::regime::kMixed, l, t});
+  // Keys and values in two formats (cache.value_dtype): strided and paged.
+  for (layout_kind l : {layout_kind::kNhd, layout_kind::kPaged}) c.push_back({synthetic::regime::kMixed, l, 5});
   return c;
 }
 
@@ -393,6 +397,14 @@ TEST(CApiQuantized, BadInputNamesTheField) {
   c.key_scale = 0.0f;
   c.head_dim = 48;
   fails_naming("head_dim (48)");
+  c.head_dim = 32;
+  c.value_dtype = CERTATTN_VALUE_DTYPE_FP8_E5M2;  // a pair of formats not served
+  fails_naming("cache.value_dtype");
+  c.value_dtype = CERTATTN_VALUE_DTYPE_F16;
+  c.value_stride = 16;  // in units of the values' format: an f16 row is 32 elements
+  fails_naming("value_stride (16)");
+  c.layout = CERTATTN_LAYOUT_LATENT;
+  fails_naming("cache.value_dtype must be 0 for the latent layout");
   certattn_index_destroy(idx);
 }
 

@@ -416,18 +416,18 @@ inline void dense_axpy(float w, const float* row, std::size_t q_stride, float* c
 /// and then added to the running accumulator) with batch arithmetic. Not bit-identical
 /// to the other ISAs' dense kernels (their exp differs too): the dense path is compared
 /// with the exact attention within a tolerance.
-template <class T>
+template <class K, class V = K>
 inline void dense_chunk(const dense_chunk_args& a) {
   constexpr std::size_t C = dense_chunk_tokens;
   const std::size_t d = a.head_dim, G = a.group;
   float* row = a.chunk_acc;                 // [q_stride]
   float* chunk = a.chunk_acc + a.q_stride;  // [group][q_stride]
-  const std::size_t key_bytes = d * sizeof(T);
+  const std::size_t key_bytes = d * sizeof(K);
   for (std::size_t t = 0; t < a.n; ++t) {
     if (a.prefetch_distance > 0)
       if (const void* ahead = dense_ahead_row(a.key_rows, a.rows_ahead, t + a.prefetch_distance))
         dense_prefetch_row(ahead, key_bytes);
-    dense_row(static_cast<const T*>(a.key_rows[t]), d, a.q_stride, row);
+    dense_row(static_cast<const K*>(a.key_rows[t]), d, a.q_stride, row);
     for (std::size_t g = 0; g < G; ++g)
       a.scores[g * C + t] = dense_clamp_score(dense_dot16(a.queries + g * a.q_stride, row, a.q_stride));
   }
@@ -452,8 +452,8 @@ inline void dense_chunk(const dense_chunk_args& a) {
   for (std::size_t t = 0; t < a.n; ++t) {
     if (a.prefetch_distance > 0)
       if (const void* ahead = dense_ahead_row(a.value_rows, a.rows_ahead, t + a.prefetch_distance))
-        dense_prefetch_row(ahead, dv * sizeof(T));
-    dense_row(static_cast<const T*>(a.value_rows[t]), dv, vs, row);
+        dense_prefetch_row(ahead, dv * sizeof(V));
+    dense_row(static_cast<const V*>(a.value_rows[t]), dv, vs, row);
     for (std::size_t g = 0; g < G; ++g)
       dense_axpy(a.scores[g * C + t], row, vs, chunk + g * a.q_stride);
   }

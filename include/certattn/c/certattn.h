@@ -24,7 +24,7 @@
 
 /* The version of this ABI: raised whenever a struct layout or a signature changes.
  * certattn_c_api_version() returns the library's, to check against the header's. */
-#define CERTATTN_C_API_VERSION 2
+#define CERTATTN_C_API_VERSION 3
 
 #if defined(CERTATTN_C_STATIC)
 #define CERTATTN_C_EXPORT
@@ -77,6 +77,22 @@ typedef enum certattn_dtype {
   CERTATTN_DTYPE_FP8_E5M2 = 6  /* one byte per channel (the high byte of a binary16) */
 } certattn_dtype;
 
+/* The values' format where it differs from the keys' (certattn_cache.value_dtype): 0 means
+ * the values are stored as dtype; otherwise 1 + a certattn_dtype (llama.cpp's -ctk q8_0
+ * with f16 values: dtype CERTATTN_DTYPE_Q8_0, value_dtype CERTATTN_VALUE_DTYPE_F16). The
+ * pairs served: q8_0 keys with f16 or q4_0 values, q4_0 keys with f16 values (strided and
+ * paged layouts). */
+typedef enum certattn_value_dtype {
+  CERTATTN_VALUE_DTYPE_AS_KEYS = 0,
+  CERTATTN_VALUE_DTYPE_F16 = 1 + CERTATTN_DTYPE_F16,
+  CERTATTN_VALUE_DTYPE_BF16 = 1 + CERTATTN_DTYPE_BF16,
+  CERTATTN_VALUE_DTYPE_F32 = 1 + CERTATTN_DTYPE_F32,
+  CERTATTN_VALUE_DTYPE_Q8_0 = 1 + CERTATTN_DTYPE_Q8_0,
+  CERTATTN_VALUE_DTYPE_Q4_0 = 1 + CERTATTN_DTYPE_Q4_0,
+  CERTATTN_VALUE_DTYPE_FP8_E4M3 = 1 + CERTATTN_DTYPE_FP8_E4M3,
+  CERTATTN_VALUE_DTYPE_FP8_E5M2 = 1 + CERTATTN_DTYPE_FP8_E5M2
+} certattn_value_dtype;
+
 typedef enum certattn_layout {
   CERTATTN_LAYOUT_STRIDED = 0, /* two arrays with token strides (NHD, HND, padded) */
   CERTATTN_LAYOUT_PAGED = 1,   /* page pools and a block table (vLLM, FlashInfer) */
@@ -86,7 +102,9 @@ typedef enum certattn_layout {
 /* The cache of one KV head: n_tokens tokens, oldest first, each with a key and a value row
  * of head_dim contiguous channels of type dtype. Strides and offsets are in units of dtype:
  * elements, or 32-channel blocks for q8_0 and q4_0 (whose head_dim and value_dim must be
- * multiples of 32).
+ * multiples of 32); where value_dtype gives the values another format, value_stride counts
+ * its units, and a paged cache's value pool has the key pool's layout counted in channels
+ * (its strides are the key strides' channels in units of the value format).
  *   strided  keys/values point at token 0 of this head; token t's key row is at
  *            keys + t * key_stride (NHD [token][kv_heads][dim]: key_stride = kv_heads *
  *            head_dim; HND [kv_heads][token][dim]: key_stride = head_dim).
@@ -125,6 +143,8 @@ typedef struct certattn_cache {
   /* fp8 */
   float key_scale;
   float value_scale;
+  /* keys and values in two formats */
+  int32_t value_dtype; /* certattn_value_dtype: 0 (as dtype), or 1 + the values' certattn_dtype */
 } certattn_cache;
 
 /* ---- Options and certificates ------------------------------------------------------- */

@@ -275,20 +275,20 @@ CERTATTN_TARGET_AVX2 inline void value_pass(const dense_chunk_args& a, std::size
   }
 }
 
-template <class T>
+template <class K, class V = K>
 CERTATTN_TARGET_AVX2 inline void dense_chunk(const dense_chunk_args& a) {
   const std::size_t G = a.group;
   std::size_t g = 0;
-  for (; g + 4 <= G; g += 4) score_block<T, 4, 2>(a, g, g == 0);
+  for (; g + 4 <= G; g += 4) score_block<K, 4, 2>(a, g, g == 0);
   switch (G - g) {
     case 1:
-      score_block<T, 1, 8>(a, g, g == 0);
+      score_block<K, 1, 8>(a, g, g == 0);
       break;
     case 2:
-      score_block<T, 2, 4>(a, g, g == 0);
+      score_block<K, 2, 4>(a, g, g == 0);
       break;
     case 3:
-      score_block<T, 3, 2>(a, g, g == 0);
+      score_block<K, 3, 2>(a, g, g == 0);
       break;
     default:
       break;
@@ -296,16 +296,16 @@ CERTATTN_TARGET_AVX2 inline void dense_chunk(const dense_chunk_args& a) {
   dense_apply_variant(a);
   for (std::size_t i = 0; i < G; ++i)
     a.alpha[i] = softmax_step(a.scores + i * dense_chunk_tokens, a.n, a.max_scores[i], a.sums[i]);
-  for (g = 0; g + 4 <= G; g += 4) value_pass<T, 4>(a, g);
+  for (g = 0; g + 4 <= G; g += 4) value_pass<V, 4>(a, g);
   switch (G - g) {
     case 1:
-      value_pass<T, 1>(a, g);
+      value_pass<V, 1>(a, g);
       break;
     case 2:
-      value_pass<T, 2>(a, g);
+      value_pass<V, 2>(a, g);
       break;
     case 3:
-      value_pass<T, 3>(a, g);
+      value_pass<V, 3>(a, g);
       break;
     default:
       break;

@@ -402,36 +402,36 @@ CERTATTN_TARGET_AVX512 inline void value_pass(const dense_chunk_args& a, std::si
 /// value pass (blocks of 4). Keys and values are read from memory once; a second query
 /// block (G > 4) finds them in L1. The first pass over the keys prefetches the key rows one
 /// chunk ahead, the first value pass the value rows (see dense_prefetch_row).
-template <class T>
+template <class K, class V = K>
 CERTATTN_TARGET_AVX512 inline void dense_chunk(const dense_chunk_args& a) {
   const std::size_t G = a.group;
   std::size_t g = 0;
-  for (; g + 4 <= G; g += 4) score_block<T, 4, 4>(a, g, g == 0);
+  for (; g + 4 <= G; g += 4) score_block<K, 4, 4>(a, g, g == 0);
   switch (G - g) {
     case 1:
-      score_block<T, 1, 16>(a, g, g == 0);
+      score_block<K, 1, 16>(a, g, g == 0);
       break;
     case 2:
-      score_block<T, 2, 8>(a, g, g == 0);
+      score_block<K, 2, 8>(a, g, g == 0);
       break;
     case 3:
-      score_block<T, 3, 4>(a, g, g == 0);
+      score_block<K, 3, 4>(a, g, g == 0);
       break;
     default:
       break;
   }
   dense_apply_variant(a);
   for (g = 0; g < G; g += 4) softmax_block(a, g, G - g < 4 ? G - g : 4);
-  for (g = 0; g + 4 <= G; g += 4) value_pass<T, 4>(a, g);
+  for (g = 0; g + 4 <= G; g += 4) value_pass<V, 4>(a, g);
   switch (G - g) {
     case 1:
-      value_pass<T, 1>(a, g);
+      value_pass<V, 1>(a, g);
       break;
     case 2:
-      value_pass<T, 2>(a, g);
+      value_pass<V, 2>(a, g);
       break;
     case 3:
-      value_pass<T, 3>(a, g);
+      value_pass<V, 3>(a, g);
       break;
     default:
       break;

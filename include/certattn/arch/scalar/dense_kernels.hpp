@@ -146,14 +146,14 @@ inline void dense_row_to_float(const T* src, std::size_t d, std::size_t q_stride
 /// once for all queries (a software fp16 conversion per element and query made this
 /// kernel 4x slower at G = 4), sixteen partial sums per dot product, the value pass summed
 /// per chunk from zero and then added to the running accumulator.
-template <class T>
+template <class K, class V = K>
 inline void dense_chunk(const dense_chunk_args& a) {
   constexpr std::size_t C = dense_chunk_tokens;
   const std::size_t d = a.head_dim, G = a.group;
   float* row = a.chunk_acc;                 // [q_stride]
   float* chunk = a.chunk_acc + a.q_stride;  // [group][q_stride]
   for (std::size_t t = 0; t < a.n; ++t) {
-    const T* k = static_cast<const T*>(a.key_rows[t]);
+    const K* k = static_cast<const K*>(a.key_rows[t]);
     dense_row_to_float(k, d, a.q_stride, row);
     for (std::size_t g = 0; g < G; ++g) {
       // Sixteen partial sums, as in the vector kernels: a single running sum would lose
@@ -188,7 +188,7 @@ inline void dense_chunk(const dense_chunk_args& a) {
   const std::size_t dv = a.value_dim, vs = dense_round16(dv);
   std::fill(chunk, chunk + G * a.q_stride, 0.0f);
   for (std::size_t t = 0; t < a.n; ++t) {
-    const T* v = static_cast<const T*>(a.value_rows[t]);
+    const V* v = static_cast<const V*>(a.value_rows[t]);
     dense_row_to_float(v, dv, vs, row);
     for (std::size_t g = 0; g < G; ++g) {
       const float w = a.scores[g * C + t];
