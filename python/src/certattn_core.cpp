@@ -66,13 +66,15 @@ struct cache_arg {
   float scale = 1.0f;                             // an fp8 cache's k_scale or v_scale
 
   /// With v this cache's values (as many channels or fewer: v = k[..., :512] is the value
-  /// of a latent cache, multi-head latent attention).
-  template <class T>
-  strided_kv<T> view_with(const cache_arg& v, std::size_t h) const {
-    strided_kv<T> kv(reinterpret_cast<const T*>(data) + h * head_stride,
-                     reinterpret_cast<const T*>(v.data) + h * v.head_stride, n, d, token_stride,
-                     v.token_stride, v.d);
-    if constexpr (fp8_element<T>)
+  /// of a latent cache, multi-head latent attention). Tag: a kv_tag<K, V> (dispatch()).
+  template <class Tag>
+  auto view_with(const cache_arg& v, std::size_t h) const {
+    using K = typename Tag::key;
+    using V = typename Tag::value;
+    strided_kv<K, V> kv(reinterpret_cast<const K*>(data) + h * head_stride,
+                        reinterpret_cast<const V*>(v.data) + h * v.head_stride, n, d, token_stride,
+                        v.token_stride, v.d);
+    if constexpr (fp8_element<K> || fp8_element<V>)
       return kv.with_scales({scale, v.scale});
     else
       return kv;
@@ -156,44 +158,75 @@ cache_arg cache_of(const py::array& a, const char* name, float scale = 1.0f) {
   return c;
 }
 
-void check_pair(const cache_arg& k, const cache_arg& v) {
-  if (k.dtype != v.dtype)
+/// The element types of a cache's keys and values, as dispatch() passes them.
+template <class K, class V>
+struct kv_tag {
+  using key = K;
+  using value = V;
+};
+
+/// A cache's key and value formats.
+struct dtype_pair {
+  dtype_code key = dtype_code::kFloat, value = dtype_code::kFloat;
+};
+
+/// Keys and values in two formats: the pairs llama.cpp's caches use (q8_0 keys with f16 or
+/// q4_0 values, q4_0 keys with f16 values).
+bool served_pair(dtype_code k, dtype_code v) {
+  return (k == dtype_code::kQ8_0 && (v == dtype_code::kHalf || v == dtype_code::kQ4_0)) ||
+         (k == dtype_code::kQ4_0 && v == dtype_code::kHalf);
+}
+
+dtype_pair check_pair(const cache_arg& k, const cache_arg& v) {
+  if (k.dtype != v.dtype && !served_pair(k.dtype, v.dtype))
     throw py::type_error(std::string("k and v have different dtypes (") + dtype_name(k.dtype) + ", " +
-                         dtype_name(v.dtype) + ")");
-  if (is_fp8(k.dtype) != is_fp8(v.dtype) || (!is_fp8(k.dtype) && (k.scale != 1.0f || v.scale != 1.0f)))
+                         dtype_name(v.dtype) +
+                         "): keys and values in two formats are served as q8_0 keys with float16 or q4_0 values "
+                         "and q4_0 keys with float16 values");
+  if ((!is_fp8(k.dtype) && k.scale != 1.0f) || (!is_fp8(v.dtype) && v.scale != 1.0f))
     throw py::value_error("kv_scales apply to fp8 caches only");
   if (k.layer != v.layer || k.heads != v.heads || k.n != v.n || v.d > k.d)
     throw py::value_error("k and v have different shapes (kv_heads " + std::to_string(k.heads) + " vs " +
                           std::to_string(v.heads) + ", n_tokens " + std::to_string(k.n) + " vs " +
                           std::to_string(v.n) + ", head_dim " + std::to_string(k.d) + " vs " +
                           std::to_string(v.d) + "; v may have fewer channels than k, not more)");
+  return {k.dtype, v.dtype};
 }
 
-/// Calls f(T{}) with the cache's element type.
+/// Calls f(kv_tag<K, V>{}) with the cache's key and value element types.
 template <class F>
-decltype(auto) dispatch(dtype_code c, F&& f) {
-  switch (c) {
-    case dtype_code::kHalf: return f(half{});
-    case dtype_code::kBfloat16: return f(bfloat16{});
-    case dtype_code::kQ8_0: return f(block_q8_0{});
-    case dtype_code::kQ4_0: return f(block_q4_0{});
-    case dtype_code::kFp8E4M3: return f(fp8_e4m3{});
-    case dtype_code::kFp8E5M2: return f(fp8_e5m2{});
+decltype(auto) dispatch(dtype_pair c, F&& f) {
+  if (c.key != c.value) {  // check_pair() admits these pairs only
+    if (c.key == dtype_code::kQ8_0 && c.value == dtype_code::kHalf) return f(kv_tag<block_q8_0, half>{});
+    if (c.key == dtype_code::kQ8_0) return f(kv_tag<block_q8_0, block_q4_0>{});
+    return f(kv_tag<block_q4_0, half>{});
+  }
+  switch (c.key) {
+    case dtype_code::kHalf: return f(kv_tag<half, half>{});
+    case dtype_code::kBfloat16: return f(kv_tag<bfloat16, bfloat16>{});
+    case dtype_code::kQ8_0: return f(kv_tag<block_q8_0, block_q8_0>{});
+    case dtype_code::kQ4_0: return f(kv_tag<block_q4_0, block_q4_0>{});
+    case dtype_code::kFp8E4M3: return f(kv_tag<fp8_e4m3, fp8_e4m3>{});
+    case dtype_code::kFp8E5M2: return f(kv_tag<fp8_e5m2, fp8_e5m2>{});
     case dtype_code::kFloat: break;
   }
-  return f(float{});
+  return f(kv_tag<float, float>{});
 }
+dtype_pair pair_of(const cache_arg& k, const cache_arg& v) { return {k.dtype, v.dtype}; }
 
 /// f(keys, values): KV head h's rows as matrix_views, for exact attention and the
-/// reference: the cache in place, or a quantized cache's rows decoded (allocated).
-template <class T, class F>
+/// reference: the cache in place, or a quantized cache's rows (or keys and values in two
+/// formats) decoded (allocated).
+template <class Tag, class F>
 decltype(auto) with_matrices(const cache_arg& k, const cache_arg& v, std::size_t h, F&& f) {
-  if constexpr (quantized_element<T>) {
-    const auto kv = k.view_with<T>(v, h);
+  using K = typename Tag::key;
+  using V = typename Tag::value;
+  if constexpr (quantized_element<K> || !std::is_same_v<K, V>) {
+    const auto kv = k.view_with<Tag>(v, h);
     const dense_rows<decltype(kv)> rows(kv);
     return f(rows.key_matrix(), rows.value_matrix());
   } else {
-    return f(k.matrix<T>(h), v.matrix<T>(h));
+    return f(k.matrix<K>(h), v.matrix<K>(h));
   }
 }
 
@@ -304,7 +337,7 @@ class py_index {
            const scales_arg& kv_scales) {
     const cache_arg kc = cache_of(k, "k", kv_scales.first), vc = cache_of(v, "v", kv_scales.second);
     check_pair(kc, vc);
-    dtype_ = kc.dtype;
+    dtype_ = {kc.dtype, vc.dtype};
     layer_ = kc.layer;
     d_ = kc.d;
     idx_.assign(kc.heads, key_index(kc.d));
@@ -321,7 +354,11 @@ class py_index {
   std::size_t heads() const { return idx_.size(); }
   std::size_t head_dim() const { return d_; }
   bool layer() const { return layer_; }
-  std::string dtype() const { return dtype_name(dtype_); }
+  /// The cache's dtype: its keys' ("q8_0"), or "q8_0/float16" where the values differ.
+  std::string dtype() const {
+    return dtype_.key == dtype_.value ? std::string(dtype_name(dtype_.key))
+                                      : std::string(dtype_name(dtype_.key)) + "/" + dtype_name(dtype_.value);
+  }
   std::size_t memory_bytes() const {
     std::size_t b = 0;
     for (const key_index& x : idx_) b += x.memory_bytes();
@@ -338,7 +375,7 @@ class py_index {
   void append(const py::array& k, const py::array& v, std::size_t threads, const scales_arg& kv_scales) {
     const cache_arg kc = cache_of(k, "k", kv_scales.first), vc = cache_of(v, "v", kv_scales.second);
     check_pair(kc, vc);
-    check_cache(kc);
+    check_cache(kc, vc);
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lk(mu_);
     const std::size_t first = size();
@@ -353,7 +390,7 @@ class py_index {
   void truncate(const py::array& k, const py::array& v, std::size_t n, const scales_arg& kv_scales) {
     const cache_arg kc = cache_of(k, "k", kv_scales.first), vc = cache_of(v, "v", kv_scales.second);
     check_pair(kc, vc);
-    check_cache(kc);
+    check_cache(kc, vc);
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lk(mu_);
     for (std::size_t h = 0; h < idx_.size(); ++h)
@@ -419,12 +456,13 @@ class py_index {
   /// Held by callers that read the indices without the members above (the reference, the
   /// C++ timing), so that an append from another thread cannot run meanwhile.
   std::mutex& mutex() const { return mu_; }
-  dtype_code dtype_code_() const { return dtype_; }
-
-  void check_cache(const cache_arg& k) const {
-    if (k.dtype != dtype_)
+  void check_cache(const cache_arg& k, const cache_arg& v) const {
+    if (k.dtype != dtype_.key)
       throw py::type_error(std::string("k: dtype ") + dtype_name(k.dtype) + " differs from the index's (" +
-                           dtype_name(dtype_) + ")");
+                           dtype_name(dtype_.key) + ")");
+    if (v.dtype != dtype_.value)
+      throw py::type_error(std::string("v: dtype ") + dtype_name(v.dtype) + " differs from the index's (" +
+                           dtype_name(dtype_.value) + ")");
     if (k.layer != layer_ || k.heads != idx_.size())
       throw py::value_error("k: " +
                             (k.layer ? "[kv_heads = " + std::to_string(k.heads) + ", n, d]" : std::string("[n, d]")) +
@@ -466,7 +504,7 @@ class py_index {
   }
 
   std::vector<key_index> idx_;
-  dtype_code dtype_ = dtype_code::kFloat;
+  dtype_pair dtype_;
   bool layer_ = false;
   std::size_t d_ = 0, reserved_ = 0;
   mutable std::mutex mu_;
@@ -495,7 +533,7 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
   const query_arg q = queries_of(q_in);
   const cache_arg k = cache_of(k_in, "k", kv_scales.first), v = cache_of(v_in, "v", kv_scales.second);
   check_pair(k, v);
-  index.check_cache(k);
+  index.check_cache(k, v);
   check_positions(q, positions);
   if (q.heads != k.heads)
     throw py::value_error("q has " + std::to_string(q.heads) + " KV-head groups, the cache " + std::to_string(k.heads));
@@ -573,7 +611,7 @@ py::array_t<float> dense_py(const py::array& q_in, const py::array& k_in, const 
     for (std::size_t i = 0; i < std::min(std::max<std::size_t>(threads, 1), q.heads); ++i)
       ws.push_back(make_dense_workspace(PG, d));
     run_heads(q.heads, threads, [&](std::size_t h, std::size_t w) {
-      dispatch(k.dtype, [&](auto t) {
+      dispatch(pair_of(k, v), [&](auto t) {
         const auto queries = std::span<const float>(q.data + h * PG * d, PG * d);
         const auto o_h = std::span<float>(o + h * PG * dv, PG * dv);
         if (positions > 1)
@@ -647,7 +685,7 @@ py::tuple exact_py(const py::array& q_in, const py::array& k_in, const py::array
   {
     py::gil_scoped_release nogil;
     for (std::size_t h = 0; h < q.heads; ++h)
-      dispatch(k.dtype, [&](auto t) {
+      dispatch(pair_of(k, v), [&](auto t) {
         with_matrices<decltype(t)>(k, v, h, [&](const auto& keys, const auto& values) {
           for (std::size_t g = 0; g < q.group; ++g) {
             const std::size_t row = h * q.group + g;
@@ -686,7 +724,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
   const cache_arg k = cache_of(k_in, "k", kv_scales.first), v = cache_of(v_in, "v", kv_scales.second);
   check_pair(k, v);
   if (index != nullptr) {
-    index->check_cache(k);
+    index->check_cache(k, v);
     if (index->size() != k.n)
       throw py::value_error("index holds " + std::to_string(index->size()) + " tokens, the cache " +
                             std::to_string(k.n));
@@ -728,7 +766,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
       const std::span<const int> hint_span = hp ? std::span<const int>(hp + h * G, G) : std::span<const int>();
       options head_opt = opt;
       head_opt.variant = variant_of(variant, h, G, q.heads);
-      const std::vector<reference_result> rs = dispatch(k.dtype, [&](auto t) {
+      const std::vector<reference_result> rs = dispatch(pair_of(k, v), [&](auto t) {
         return with_matrices<decltype(t)>(k, v, h, [&](const auto& keys, const auto& values) {
           return reference_attend_group(std::span<const float>(q.data + h * G * d, G * d), G, keys, values,
                                         head_opt, nk, ex, hint_span);
@@ -813,13 +851,13 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
     const std::size_t T = std::max<std::size_t>(threads, 1);
     std::vector<key_index> idx(H, key_index(d));
     run_heads(H, T, [&](std::size_t h, std::size_t) {
-      dispatch(k.dtype, [&](auto t) { idx[h].build(k.view_with<decltype(t)>(v, h)); });
+      dispatch(pair_of(k, v), [&](auto t) { idx[h].build(k.view_with<decltype(t)>(v, h)); });
     });
     std::vector<exact_result> exact(calls);
     run_heads(S * H, T, [&](std::size_t item, std::size_t) {
       const std::size_t s = item / H, h = item % H;
       for (std::size_t g = 0; g < G; ++g)
-        exact[item * G + g] = dispatch(k.dtype, [&](auto t) {
+        exact[item * G + g] = dispatch(pair_of(k, v), [&](auto t) {
           return with_matrices<decltype(t)>(k, v, h, [&](const auto& keys, const auto& values) {
             return exact_attention(std::span<const float>(query(s, h, g), d), keys, values);
           });
@@ -843,7 +881,7 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
       for (std::size_t s = 0; s < S; ++s) {
         const noise_key nk{std::uint64_t(s), std::uint32_t(ci), std::uint32_t(h)};
         const std::span<const int> hints = s == 0 ? std::span<const int>() : std::span<const int>(prev);
-        dispatch(k.dtype, [&](auto t) {
+        dispatch(pair_of(k, v), [&](auto t) {
           attend_group(std::span<const float>(query(s, h, 0), G * d), G, k.view_with<decltype(t)>(v, h), idx[h], nk,
                        opt, std::span<float>(out), std::span<certificate>(certs), *ws[wi], hints);
         });
@@ -875,7 +913,7 @@ std::vector<audit_counts> audit_py(const py::array& k_in, const py::array& v_in,
             r.violation = err > opt.epsilon * sv;
           }
           if ((call + ci) % check_every == 0) {
-            const reference_result ref = dispatch(k.dtype, [&](auto t) {
+            const reference_result ref = dispatch(pair_of(k, v), [&](auto t) {
               using E = decltype(t);
               reference_extras ex;
               ex.value_center = idx[h].value_center();
@@ -944,7 +982,7 @@ std::vector<double> cpp_attend_seconds(const py::array& q_in, const py::array& k
   const cache_arg k = cache_of(k_in, "k"), v = cache_of(v_in, "v");
   check_pair(k, v);
   if (v.d != k.d) throw py::value_error("cpp_attend_seconds: v must have k's head_dim");
-  index.check_cache(k);
+  index.check_cache(k, v);
   if (q.heads != k.heads || q.d != k.d) throw py::value_error("q does not match the cache");
   const std::size_t H = q.heads, G = q.group, d = q.d;
   threads = std::min(std::max<std::size_t>(threads, 1), H);
@@ -960,7 +998,7 @@ std::vector<double> cpp_attend_seconds(const py::array& q_in, const py::array& k
   for (std::size_t r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     auto one = [&](std::size_t h, std::size_t w) {
-      dispatch(k.dtype, [&](auto t) {
+      dispatch(pair_of(k, v), [&](auto t) {
         attend_group(std::span<const float>(q.data + h * G * d, G * d), G, k.view_with<decltype(t)>(v, h),
                      index.head(h), noise_key{first_step + r, 0u, k.layer ? h : 0u}, opt,
                      std::span<float>(out.data() + h * G * d, G * d), std::span<certificate>(certs.data() + h * G, G),

@@ -169,6 +169,34 @@ def test_quantized_caches(fmt, kv_scales):
         certattn.dense_attend(q[0], k, v, kv_scales=(2.0, 1.0))
 
 
+@pytest.mark.parametrize("kfmt,vfmt", [("q8_0", None), ("q4_0", None), ("q8_0", "q4_0")])
+def test_keys_and_values_in_two_formats(kfmt, vfmt):
+    """llama.cpp's -ctk q8_0 with f16 values (and its other pairs): the certified call equals
+    the reference over the decoded cache, within its certificate of exact attention (delta
+    1e-9 per head), and the dense kernel agrees with exact attention."""
+    k, v, q = synthetic_cache(3000, 64, heads=2, seed=53, focus=2.0, groups=4, steps=1)
+    kq = certattn.quantize(k, kfmt)
+    vq = v.astype(np.float16) if vfmt is None else certattn.quantize(v, vfmt)
+    index = certattn.KeyIndex(kq, vq)
+    assert index.dtype == kfmt + "/" + ("float16" if vfmt is None else vfmt)
+    out, certs = certattn.attend(q[0], kq, vq, index, delta=1e-9, seed=2, step=0, layer=0, history=False)
+    ref, rcerts = certattn.reference_attend(q[0], kq, vq, index, delta=1e-9, seed=2)
+    assert same_certs(certs, rcerts)
+    exact, info = certattn.exact_attention(q[0], kq, vq)
+    norm = np.maximum(np.linalg.norm(ref, axis=-1), 1e-6)
+    assert (np.linalg.norm(out - ref, axis=-1) <= 1e-5 * norm).all()
+    err = np.linalg.norm(out - exact, axis=-1)
+    assert (certs["certified"] | certs["exact"]).all()
+    assert (err <= np.where(certs["exact"], 1e-5 * info["value_scale"], certs["beta"]) + 1e-6 * info["value_scale"]).all()
+    dense = certattn.dense_attend(q[0], kq, vq)
+    assert np.allclose(dense, exact, atol=1e-4 * info["value_scale"].max())
+    # An index built from one pair refuses another, and unserved pairs are named.
+    with pytest.raises(TypeError, match="v: dtype"):
+        certattn.attend(q[0], kq, certattn.quantize(v, kfmt), index, step=1, layer=0, history=False)
+    with pytest.raises(TypeError, match="different dtypes"):
+        certattn.dense_attend(q[0], v.astype(np.float16), kq)
+
+
 def test_certificates_hold_on_synthetic_caches():
     """Three attention regimes x 3 error scales x 2 epsilons, 96 calls each (1728 calls).
     Under the guarantee each certified call violates with probability <= delta = 0.05;
