@@ -247,10 +247,12 @@ struct exact_paths : row_access {
   /// term's relative error by the larger of the float pass's (dense_kernel_eta() over its
   /// hi - lo tokens, then the rescale to the head's reference in double and the double
   /// sums) and the double terms' (double_path_eta()); a head whose bound misses epsilon is
-  /// answered again on the double path over its own tokens, as route_dense() does. False
-  /// (nothing answered) where the pass does not apply: one position, no shared token, a
-  /// position bias (its scores depend on the newest token), or a query the float pass does
-  /// not take.
+  /// answered again on the double path over its own tokens, as route_dense() does. A
+  /// position bias (ALiBi) enters the pass relative to the newest token, n - 1: position p
+  /// sees every score shifted by slope (n - n_p), a constant the softmax cancels, so its
+  /// running maximum is the pass's plus that shift (exact in double) and its sums are the
+  /// pass's. False (nothing answered) where the pass does not apply: one position, no
+  /// shared token, or a query the float pass does not take.
   template <kv_view KV, class ContextOf>
   static bool route_positions(const KV& kv, const key_index& idx, std::span<const float> queries,
                               std::size_t Q, std::size_t G, const ContextOf& context_of,
@@ -260,7 +262,7 @@ struct exact_paths : row_access {
     const std::size_t n = kv.size(), d = kv.head_dim(), dv = value_dim_of(kv);
     const call_context newest = context_of(kv_prefix<KV>(kv, n), Q - 1);
     const std::size_t lo = newest.first, hi = n - Q + 1;
-    if (Q < 2 || lo >= hi || !newest.user.variant.alibi_slopes.empty() || newest.scale > 0x1p100)
+    if (Q < 2 || lo >= hi || newest.scale > 0x1p100)
       return false;  // one position: route_dense(), as attend_group() answers it
     for (std::size_t i = 0; i < Q * G; ++i) {
       double qmax = 0.0;
@@ -271,6 +273,11 @@ struct exact_paths : row_access {
     const isa which = newest.kernels.which;
     attention_variant scores_only;  // the float pass's scores; the sinks join below
     scores_only.logit_softcap = newest.user.variant.logit_softcap;
+    const std::span<const float> slopes = newest.user.variant.alibi_slopes;
+    if (!slopes.empty()) {  // each row its head's slope, relative to token n - 1
+      for (std::size_t r = 0; r < Q * G; ++r) ws.exact_slopes_[r] = slopes[r % G];
+      scores_only.alibi_slopes = std::span<const float>(ws.exact_slopes_.data(), Q * G);
+    }
     dense_partial(queries, Q * G, kv, float(newest.scale), lo, hi,
                   std::span<float>(ws.exact_m_.data(), Q * G),
                   std::span<float>(ws.exact_l_.data(), Q * G),
@@ -292,7 +299,10 @@ struct exact_paths : row_access {
         auto score = [&](std::size_t t) {
           return hv.score(cx.scale * score_dot_fast(q, key_of(view, t, cx), d, which), t);
         };
-        const double mf = ws.exact_m_[r], lf = ws.exact_l_[r];
+        // The pass's maximum as position p's: its bias is relative to token n - 1, position
+        // p's to n_p - 1 (slope times a token count below 2^24: exact in double).
+        const double bias_shift = hv.slope * double(n - cx.n);
+        const double mf = double(ws.exact_m_[r]) + bias_shift, lf = ws.exact_l_[r];
         double c = mf;
         for (std::size_t t = cx.first; t < lo; ++t) c = std::max(c, score(t));
         for (std::size_t t = hi; t < cx.n; ++t) c = std::max(c, score(t));
@@ -311,6 +321,9 @@ struct exact_paths : row_access {
         bool finite = std::isfinite(den) && den > 0.0 && std::fabs(c) <= 1024.0;
         for (std::size_t j = 0; j < dv; ++j) finite &= std::isfinite(o[j] = float(num[j] / den));
         const double magnitude = variant_magnitude(q, g, cx, idx);
+        // The pass's scores carry the bias relative to token n - 1: the newest position's
+        // magnitude bounds them (its first token is lo, the pass's first).
+        const double pass_magnitude = std::max(magnitude, variant_magnitude(q, g, newest, idx));
         exact_rounding& er = ws.exact_rounding_[g];
         er = {};
         er.head_dim = dv;
@@ -322,12 +335,13 @@ struct exact_paths : row_access {
         cert.path = answer_path::kRouted;
         cert.keys_read = cert.values_read = cx.attended();
         if (finite) {
-          // The float pass's terms: its own error, then e^(mf - c) (argument and exp in
-          // double) and the double sums they join; the other terms: the double path's.
+          // The float pass's terms: its own error, then e^(mf - c) (the bias shift's sum,
+          // the argument and exp in double) and the double sums they join; the other
+          // terms: the double path's.
           const double sums = rounding_gamma(double(tail) + 3.0, kDoubleUnit);
           const double shift =
-              2.0001 * kDoubleUnit * (magnitude + std::fabs(c)) + 4.0 * kDoubleUnit;
-          const double eta_f = dense_kernel_eta(hi - lo, d, magnitude);
+              3.0001 * kDoubleUnit * (pass_magnitude + std::fabs(c)) + 4.0 * kDoubleUnit;
+          const double eta_f = dense_kernel_eta(hi - lo, d, pass_magnitude);
           const double float_terms = compose_relative(eta_f + sums + eta_f * sums, shift);
           const double double_terms = double_path_eta(tail + 3, magnitude + std::fabs(c) * 0x1p-40);
           er.eta = std::max(float_terms, double_terms) * (1.0 + 0x1p-40);
