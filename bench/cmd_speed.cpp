@@ -175,7 +175,11 @@ class nhd_dense_split {
   void run(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale, thread_pool& pool,
            std::vector<dense_workspace>& ws, std::span<float> out) {
 #if !CERTATTN_BENCH_F16_ONLY
-    switch (lc.format().key) {  // one format: resolve() keeps q8_0/f16 and q4_0/f16 off nhd
+    if (lc.format() == cache_dtype{cache_format::q8_0, cache_format::f16})
+      return run_as<block_q8_0, half>(lc, q, group, scale, pool, ws, out);
+    if (lc.format() == cache_dtype{cache_format::q4_0, cache_format::f16})
+      return run_as<block_q4_0, half>(lc, q, group, scale, pool, ws, out);
+    switch (lc.format().key) {
       case cache_format::bf16: return run_as<bfloat16>(lc, q, group, scale, pool, ws, out);
       case cache_format::q8_0: return run_as<block_q8_0>(lc, q, group, scale, pool, ws, out);
       case cache_format::q4_0: return run_as<block_q4_0>(lc, q, group, scale, pool, ws, out);
@@ -188,18 +192,19 @@ class nhd_dense_split {
   }
 
  private:
-  template <class T>
+  template <class K, class V = K>
   void run_as(const layer_cache& lc, std::span<const float> q, std::size_t group, float scale,
               thread_pool& pool, std::vector<dense_workspace>& ws, std::span<float> out) {
-    const std::size_t H = lc.heads(), d = d_, row = H * format_traits<T>::units(d);
+    const std::size_t H = lc.heads(), d = d_;
+    const std::size_t krow = H * format_traits<K>::units(d), vrow = H * format_traits<V>::units(d);
     // One layer pass over tokens [t0, t1): fp8 with its scales.
     auto layer = [&](std::size_t t0, std::size_t t1, std::span<float> o, dense_workspace& w) {
-      const T* k = lc.keys<T>() + t0 * row;
-      const T* v = lc.values<T>() + t0 * row;
-      if constexpr (fp8_element<T>)
-        dense_attend_nhd_layer<T>(q, H, group, k, v, t1 - t0, d, scale, lc.scales(), o, w);
+      const K* k = lc.keys<K>() + t0 * krow;
+      const V* v = lc.values<V>() + t0 * vrow;
+      if constexpr (fp8_element<K>)
+        dense_attend_nhd_layer<K>(q, H, group, k, v, t1 - t0, d, scale, lc.scales(), o, w);
       else
-        dense_attend_nhd_layer<T>(q, H, group, k, v, t1 - t0, d, scale, o, w);
+        dense_attend_nhd_layer<K, V>(q, H, group, k, v, t1 - t0, d, scale, o, w);
     };
     if (parts() == 1) {
       layer(0, lc.tokens(), out, ws[0]);
@@ -601,11 +606,6 @@ void run_speed(const speed_flags& f) {
     throw error("--variant " + g.variant.text +
                 ": the nhd layout's dense baseline (dense_attend_nhd_layer) computes plain attention only; use "
                 "--layout hnd or paged");
-  for (const cache_dtype& t : g.dtypes)
-    if (t.mixed() && std::find(g.layouts.begin(), g.layouts.end(), layout_kind::kNhd) != g.layouts.end())
-      throw error("--dtype " + to_string(t) +
-                  ": the nhd layout's dense baseline (dense_attend_nhd_layer) reads keys and values of one format; "
-                  "use --layout hnd or paged");
   const layer_variant variant(g.variant, f.kv_heads, f.group, f.seed);
   if (g.variant.latent > 0) {
     if (g.variant.latent > f.head_dim)

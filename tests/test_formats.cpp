@@ -510,29 +510,32 @@ TEST(FormatBadInput, ErrorsNameTheArgument) {
 // ---- the token-major layer call over ggml's blocks ----------------------------------------
 
 /// dense_attend_nhd_layer over a q8_0 / q4_0 layer ([token][kv_heads][head_dim / 32]
-/// blocks, llama.cpp's cache tensor): the bits of dense_attend() head by head over the same
-/// rows (the same kernel over the same chunks), on every instruction set.
-template <class T>
+/// blocks, llama.cpp's cache tensor; values V, the keys' format or another): the bits of
+/// dense_attend() head by head over the same rows (the same kernel over the same chunks),
+/// on every instruction set.
+template <class T, class V = T>
 void check_block_layer() {
   const std::size_t n = 300, d = 64, H = 3, G = 2, unit = format_traits<T>::units(d);
+  const std::size_t vunit = format_traits<V>::units(d);
   std::mt19937_64 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(d), q(H * G * d);
   for (float& v : q) v = normal(rng);
-  std::vector<T> k(n * H * unit), v(n * H * unit);
+  std::vector<T> k(n * H * unit);
+  std::vector<V> v(n * H * vunit);
   for (std::size_t r = 0; r < n * H; ++r) {
     for (float& y : x) y = normal(rng);
     quantize_row(x.data(), d, k.data() + r * unit);
     for (float& y : x) y = normal(rng);
-    quantize_row(x.data(), d, v.data() + r * unit);
+    test::store_row(x.data(), d, 1.0f, v.data() + r * vunit);
   }
   std::vector<float> out(H * G * d), want(G * d);
   dense_workspace layer_ws(G, d, H), head_ws(G, d);
   for (isa a : {isa::kAvx512Vnni, isa::kAvx2, isa::kScalar}) {
     if (int(a) > int(detected_isa())) continue;
     set_isa_cap(a);
-    dense_attend_nhd_layer<T>(std::span<const float>(q), H, G, k.data(), v.data(), n, d, 0.0f,
-                              std::span<float>(out), layer_ws);
+    dense_attend_nhd_layer(std::span<const float>(q), H, G, k.data(), v.data(), n, d, 0.0f,
+                           std::span<float>(out), layer_ws);
     for (std::size_t h = 0; h < H; ++h) {
       dense_attend(std::span<const float>(q.data() + h * G * d, G * d), G,
                    nhd_view(k.data(), v.data(), n, H, d, h), 0.0f, std::span<float>(want), head_ws);
@@ -544,8 +547,8 @@ void check_block_layer() {
     set_isa_cap(isa::kAvx512Vnni);
   }
   EXPECT_NE(message_of([&] {
-              dense_attend_nhd_layer<T>(std::span<const float>(q.data(), H * G * 48), H, G,
-                                        k.data(), v.data(), n, 48, 0.0f,
+              dense_attend_nhd_layer(std::span<const float>(q.data(), H * G * 48), H, G,
+                                     k.data(), v.data(), n, 48, 0.0f,
                                         std::span<float>(out.data(), H * G * 48), layer_ws);
             }).find("head_dim"),
             std::string::npos);
@@ -554,6 +557,8 @@ void check_block_layer() {
 TEST(FormatDense, TokenMajorLayerOfBlocks) {
   check_block_layer<block_q8_0>();
   check_block_layer<block_q4_0>();
+  check_block_layer<block_q8_0, half>();  // llama.cpp's -ctk q8_0 with f16 values
+  check_block_layer<block_q4_0, half>();
 }
 
 /// The same over an fp8 layer with a scale pair per KV head (vLLM's cache): the bits of

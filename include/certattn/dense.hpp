@@ -498,9 +498,9 @@ concept nhd_layer_element = cache_element<T> || std::is_same_v<T, block_q8_0> ||
 namespace detail {
 /// dense_partial_nhd_layer() with an fp8 layer's scales ([kv_heads], checked; null for
 /// every other format).
-template <nhd_layer_element T>
+template <nhd_layer_element K, nhd_layer_element V>
 void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t kv_heads,
-                                    std::size_t group, const T* keys, const T* values,
+                                    std::size_t group, const K* keys, const V* values,
                                     std::size_t n_tokens, std::size_t head_dim,
                                     float softmax_scale, const fp8_scales* scales,
                                     std::span<float> max_scores, std::span<float> sums,
@@ -511,7 +511,8 @@ void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t 
   if (head_dim == 0) throw error("head_dim must be > 0");
   if (n_tokens > 0 && (keys == nullptr || values == nullptr))
     throw error("keys and values must not be null");
-  check_row_channels<T>(head_dim, "head_dim");
+  check_row_channels<K>(head_dim, "head_dim");
+  check_row_channels<V>(head_dim, "head_dim");
   const std::size_t rows = kv_heads * group, qs = detail::dense_round16(head_dim);
   detail::dense_check_size(queries.size(), rows * head_dim, "queries",
                            "kv_heads * group * head_dim");
@@ -538,17 +539,20 @@ void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t 
   args.acc_stride = head_dim;
   // A block format without the AVX-512 kernel: each head's rows decoded into the float
   // tile, one unit at a time (as dense_partial does).
+  constexpr bool quantized = quantized_element<K> || quantized_element<V>;
   detail::dense_chunk_fn kernel = nullptr;
-  if constexpr (quantized_element<T>) kernel = detail::select_quantized_dense_kernel<T>();
-  const bool decoded = quantized_element<T> && kernel == nullptr;
+  if constexpr (quantized) kernel = detail::select_quantized_dense_kernel<K, V>();
+  const bool decoded = quantized && kernel == nullptr;
   if (kernel == nullptr)
-    kernel = detail::select_dense_kernel<std::conditional_t<cache_element<T>, T, float>>();
+    kernel = detail::select_dense_kernel<std::conditional_t<cache_element<K>, K, float>,
+                                         std::conditional_t<cache_element<V>, V, float>>();
   args.prefetch_distance = decoded ? 0 : detail::dense_prefetch_rows;
   // Units run chunk-major: every head of a chunk of tokens, then the next chunk, so each
   // token row ([kv_heads][head_dim], contiguous) is fetched from memory once.
   constexpr std::size_t C = detail::dense_chunk_tokens;
-  const std::size_t unit = format_traits<T>::units(head_dim);  // elements or blocks per head
-  const std::size_t row = kv_heads * unit;                     // per token
+  // Elements or blocks per head, and per token row, of the keys and of the values.
+  const std::size_t kunit = format_traits<K>::units(head_dim), vunit = format_traits<V>::units(head_dim);
+  const std::size_t krow = kv_heads * kunit, vrow = kv_heads * vunit;
   const std::size_t chunks = (n_tokens + C - 1) / C, tile_stride = qs;
   float* q_scaled = A::queries(ws);
   detail::dense_run_units(
@@ -556,10 +560,10 @@ void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t 
       [&](std::size_t u, const void** krows, const void** vrows) {
         const std::size_t t0 = (u / kv_heads) * C, h = u % kv_heads;
         const std::size_t n = n_tokens - t0 < C ? n_tokens - t0 : C;
-        if constexpr (quantized_element<T>)
+        if constexpr (quantized)
           if (decoded) {
             const auto view = nhd_view(keys, values, n_tokens, kv_heads, head_dim, h);
-            if constexpr (fp8_element<T>)
+            if constexpr (fp8_element<K> || fp8_element<V>)
               detail::dense_decode_rows(view.with_scales(scales[h]), t0, n, n_tokens, tile_stride,
                                         A::key_tile(ws), A::value_tile(ws), krows, vrows);
             else
@@ -567,11 +571,11 @@ void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t 
                                         A::value_tile(ws), krows, vrows);
             return n;
           }
-        const T* k = keys + t0 * row + h * unit;
-        const T* v = values + t0 * row + h * unit;
+        const K* k = keys + t0 * krow + h * kunit;
+        const V* v = values + t0 * vrow + h * vunit;
         for (std::size_t i = 0; i < n; ++i) {
-          krows[i] = k + i * row;
-          vrows[i] = v + i * row;
+          krows[i] = k + i * krow;
+          vrows[i] = v + i * vrow;
         }
         return n;
       },
@@ -581,7 +585,7 @@ void dense_partial_nhd_layer_scaled(std::span<const float> queries, std::size_t 
         a.max_scores = max_scores.data() + h * group;
         a.sums = sums.data() + h * group;
         a.acc = acc.data() + h * group * head_dim;
-        if constexpr (fp8_element<T>) {
+        if constexpr (fp8_element<K> || fp8_element<V>) {
           a.key_scale = scales[h].key;
           a.value_scale = scales[h].value;
         }
@@ -610,14 +614,16 @@ inline void check_layer_scales(std::span<const fp8_scales> scales, std::size_t k
 /// (by token rows: kv_heads * head_dim elements, or kv_heads * head_dim / 32 blocks) and
 /// merging the states. queries and acc [kv_heads][group][head_dim]; max_scores and sums
 /// [kv_heads][group]; ws sized for (group, head_dim, kv_heads).
-template <nhd_layer_element T>
-  requires(!fp8_element<T>)
+/// Keys and values may differ in format (keys K, values V: llama.cpp's -ctk q8_0 with f16
+/// values), each row of kv_heads * head_dim channels in its own units.
+template <nhd_layer_element K, nhd_layer_element V>
+  requires(!fp8_element<K> && !fp8_element<V>)
 void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_heads,
-                             std::size_t group, const T* keys, const T* values,
+                             std::size_t group, const K* keys, const V* values,
                              std::size_t n_tokens, std::size_t head_dim, float softmax_scale,
                              std::span<float> max_scores, std::span<float> sums,
                              std::span<float> acc, dense_workspace& ws) {
-  detail::dense_partial_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+  detail::dense_partial_nhd_layer_scaled<K, V>(queries, kv_heads, group, keys, values, n_tokens,
                                             head_dim, softmax_scale, nullptr, max_scores, sums,
                                             acc, ws);
 }
@@ -631,15 +637,15 @@ void dense_partial_nhd_layer(std::span<const float> queries, std::size_t kv_head
                              std::span<const fp8_scales> scales, std::span<float> max_scores,
                              std::span<float> sums, std::span<float> acc, dense_workspace& ws) {
   detail::check_layer_scales(scales, kv_heads);
-  detail::dense_partial_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+  detail::dense_partial_nhd_layer_scaled<T, T>(queries, kv_heads, group, keys, values, n_tokens,
                                             head_dim, softmax_scale, scales.data(), max_scores,
                                             sums, acc, ws);
 }
 
 namespace detail {
-template <nhd_layer_element T>
+template <nhd_layer_element K, nhd_layer_element V>
 void dense_attend_nhd_layer_scaled(std::span<const float> queries, std::size_t kv_heads,
-                                   std::size_t group, const T* keys, const T* values,
+                                   std::size_t group, const K* keys, const V* values,
                                    std::size_t n_tokens, std::size_t head_dim,
                                    float softmax_scale, const fp8_scales* scales,
                                    std::span<float> out, dense_workspace& ws) {
@@ -648,7 +654,8 @@ void dense_attend_nhd_layer_scaled(std::span<const float> queries, std::size_t k
   if (group == 0) throw error("group must be > 0");
   if (head_dim == 0) throw error("head_dim must be > 0");
   if (n_tokens == 0) throw error("n_tokens must be > 0: attention over no tokens is undefined");
-  check_row_channels<T>(head_dim, "head_dim");
+  check_row_channels<K>(head_dim, "head_dim");
+  check_row_channels<V>(head_dim, "head_dim");
   detail::dense_check_size(queries.size(), kv_heads * group * head_dim, "queries",
                            "kv_heads * group * head_dim");
   detail::dense_check_size(out.size(), kv_heads * group * head_dim, "out",
@@ -656,8 +663,8 @@ void dense_attend_nhd_layer_scaled(std::span<const float> queries, std::size_t k
   detail::dense_check_workspace(ws, group, head_dim, kv_heads);
   const std::size_t rows = kv_heads * group;
   std::span<float> m(A::max_scores(ws), rows), l(A::sums(ws), rows);
-  dense_partial_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens, head_dim,
-                                    softmax_scale, scales, m, l, out, ws);
+  dense_partial_nhd_layer_scaled<K, V>(queries, kv_heads, group, keys, values, n_tokens, head_dim,
+                                       softmax_scale, scales, m, l, out, ws);
   detail::dense_normalise(out.data(), l.data(), rows, head_dim, out.data());
 }
 }  // namespace detail
@@ -666,13 +673,14 @@ void dense_attend_nhd_layer_scaled(std::span<const float> queries, std::size_t k
 /// its rows (see dense_partial_nhd_layer). queries and out [kv_heads][group][head_dim].
 /// On return the workspace also holds each row's max score and sum (its max-score and sum
 /// slots, [kv_heads][group]), as dense_partial_nhd_layer would return them.
-template <nhd_layer_element T>
-  requires(!fp8_element<T>)
+/// Keys and values may differ in format, as in dense_partial_nhd_layer().
+template <nhd_layer_element K, nhd_layer_element V>
+  requires(!fp8_element<K> && !fp8_element<V>)
 void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads, std::size_t group,
-                            const T* keys, const T* values, std::size_t n_tokens,
+                            const K* keys, const V* values, std::size_t n_tokens,
                             std::size_t head_dim, float softmax_scale, std::span<float> out,
                             dense_workspace& ws) {
-  detail::dense_attend_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+  detail::dense_attend_nhd_layer_scaled<K, V>(queries, kv_heads, group, keys, values, n_tokens,
                                            head_dim, softmax_scale, nullptr, out, ws);
 }
 
@@ -684,7 +692,7 @@ void dense_attend_nhd_layer(std::span<const float> queries, std::size_t kv_heads
                             std::span<const fp8_scales> scales, std::span<float> out,
                             dense_workspace& ws) {
   detail::check_layer_scales(scales, kv_heads);
-  detail::dense_attend_nhd_layer_scaled<T>(queries, kv_heads, group, keys, values, n_tokens,
+  detail::dense_attend_nhd_layer_scaled<T, T>(queries, kv_heads, group, keys, values, n_tokens,
                                            head_dim, softmax_scale, scales.data(), out, ws);
 }
 
