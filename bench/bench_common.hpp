@@ -86,8 +86,8 @@ class layer_cache {
   std::size_t heads() const noexcept { return heads_; }
   std::size_t head_dim() const noexcept { return d_; }
   cache_dtype format() const noexcept { return format_; }
-  /// Token-major rows (nhd) as T, the cache's element type: [tokens][kv_heads][head_dim]
-  /// elements, or head_dim / 32 blocks per head (keys and values of one format only).
+  /// Token-major rows (nhd) as T, the keys' (values') element type: [tokens][kv_heads]
+  /// [head_dim] elements, or head_dim / 32 blocks per head.
   template <kv_element T = half>
   const T* keys() const noexcept { return reinterpret_cast<const T*>(k_); }
   template <kv_element T = half>
