@@ -26,28 +26,18 @@ namespace detail {
 // (keys and values stored in different formats), else its element_type for both. Empty
 // when it declares neither, so that kv_view fails cleanly.
 template <class V>
-struct view_key_type {};
+struct view_types {};
 template <class V>
-  requires requires { typename V::key_type; }
-struct view_key_type<V> {
-  using type = typename V::key_type;
+  requires requires { typename V::key_type; typename V::value_type; }
+struct view_types<V> {
+  using key = typename V::key_type;
+  using value = typename V::value_type;
 };
 template <class V>
   requires(!requires { typename V::key_type; } && requires { typename V::element_type; })
-struct view_key_type<V> {
-  using type = typename V::element_type;
-};
-template <class V>
-struct view_value_type {};
-template <class V>
-  requires requires { typename V::value_type; }
-struct view_value_type<V> {
-  using type = typename V::value_type;
-};
-template <class V>
-  requires(!requires { typename V::value_type; } && requires { typename V::element_type; })
-struct view_value_type<V> {
-  using type = typename V::element_type;
+struct view_types<V> {
+  using key = typename V::element_type;
+  using value = typename V::element_type;
 };
 // element_type where keys and values share one format (the adapters below declare it then).
 template <class K, class V>
@@ -60,9 +50,9 @@ struct same_element<T, T> {
 
 /// The element type of a view's key rows, and of its value rows.
 template <class V>
-using key_element_t = typename detail::view_key_type<V>::type;
+using key_element_t = typename detail::view_types<V>::key;
 template <class V>
-using value_element_t = typename detail::view_value_type<V>::type;
+using value_element_t = typename detail::view_types<V>::value;
 
 /// The cache of one KV head, as the certified call and the key index read it: `size()`
 /// tokens, oldest first, each with a key row of `head_dim()` contiguous channels and a
