@@ -143,13 +143,17 @@ template <class Cache>
 void exact_layer(const llama2c::config& c, const llama2c::state<Cache>& s, int layer,
                  std::size_t n, std::span<const float> q, std::span<float> out) {
   const std::size_t hs = std::size_t(c.head_size()), G = std::size_t(c.group());
+  const std::size_t rc = s.row_channels;
+  std::vector<float> qp;  // the group's queries as rows of the cache's width
   for (std::size_t h = 0; h < std::size_t(c.n_kv_heads); ++h) {
     const auto kv = s.view(layer, n, h);
     const certattn::dense_rows<std::remove_cv_t<decltype(kv)>> rows(kv);
+    s.pad_queries(q, h * G, G, qp);
     for (std::size_t g = 0; g < G; ++g) {
       const std::size_t qh = h * G + g;  // query heads h*G .. h*G+G-1 share KV head h
-      const auto r = certattn::exact_attention(q.subspan(qh * hs, hs), rows.key_matrix(),
-                                               rows.value_matrix());
+      const auto r = certattn::exact_attention(std::span<const float>(qp).subspan(g * rc, rc),
+                                               rows.key_matrix(), rows.value_matrix(),
+                                               s.softmax_scale());
       for (std::size_t i = 0; i < hs; ++i) out[qh * hs + i] = float(r.output[i]);
     }
   }
@@ -183,9 +187,12 @@ class certattn_attention {
       : c_(c),
         s_(s),
         hs_(std::size_t(c.head_size())),
+        rc_(s.row_channels),
         G_(std::size_t(c.group())),
-        ws_(G_, hs_, std::size_t(c.seq_len)) {
+        ws_(G_, rc_, std::size_t(c.seq_len)),
+        out_(G_ * rc_) {
     opt_.epsilon = cfg.epsilon;
+    opt_.softmax_scale = s.softmax_scale();  // 1 / sqrt(head_size) over padded rows
     opt_.scale = certattn::error_scale_from_string(cfg.error_scale);
     if (opt_.scale == certattn::error_scale::kDenominator)
       throw std::runtime_error(
@@ -197,7 +204,7 @@ class certattn_attention {
     min_tokens_ = cfg.window + cfg.min_pool;
     for (int l = 0; l < c.n_layers; ++l)
       for (int h = 0; h < c.n_kv_heads; ++h) {
-        index_.emplace_back(hs_);
+        index_.emplace_back(rc_);
         index_.back().reserve(std::size_t(c.seq_len));
       }
     history_.assign(index_.size(), certattn::group_history(G_));
@@ -239,15 +246,17 @@ class certattn_attention {
     for (std::size_t h = 0; h < std::size_t(c_.n_kv_heads); ++h) {
       const auto kv = view(layer, n, h);
       const certattn::noise_key nk{step_, std::uint32_t(layer), std::uint32_t(h)};
+      s_.pad_queries(q, h * G_, G_, queries_);  // rows of the cache's width (head_size if unpadded)
       const auto t1 = clock_type::now();
       // The group's history: the level each query head stopped at in the previous step
       // (the tight certificate spends most of delta around it) and, with routing, whether
       // the sparse path lost to the dense kernel.
-      certattn::attend_group(q.subspan(h * G_ * hs_, G_ * hs_), G_, kv, index_[slot(layer, h)], nk,
-                             opt_, out.subspan(h * G_ * hs_, G_ * hs_),
+      certattn::attend_group(queries_, G_, kv, index_[slot(layer, h)], nk, opt_, out_,
                              std::span<certattn::certificate>(certs_.data(), G_), ws_,
                              history_[slot(layer, h)]);
       tally_.attend_seconds += seconds_since(t1);
+      for (std::size_t g = 0; g < G_; ++g)
+        std::copy_n(out_.data() + g * rc_, hs_, out.data() + (h * G_ + g) * hs_);
       const certattn::group_stats& st = ws_.last_stats();
       tally_.bytes_read += st.bytes_read;
       tally_.dense_bytes += st.dense_bytes;
@@ -265,7 +274,8 @@ class certattn_attention {
         if (!cert.certified || cert.exact) continue;
         // Check the promise against exact attention (untimed; a check, not part of decoding).
         const std::size_t qh = h * G_ + g;
-        const auto r = certattn::exact_attention(q.subspan(qh * hs_, hs_), kv);
+        const auto r = certattn::exact_attention(
+            std::span<const float>(queries_).subspan(g * rc_, rc_), kv, opt_.softmax_scale);
         double err2 = 0.0;
         for (std::size_t i = 0; i < hs_; ++i) {
           const double e = double(out[qh * hs_ + i]) - r.output[i];
@@ -287,9 +297,10 @@ class certattn_attention {
   }
   const llama2c::config& c_;
   const llama2c::state<Cache>& s_;
-  std::size_t hs_, G_, min_tokens_ = 0;
+  std::size_t hs_, rc_, G_, min_tokens_ = 0;
   certattn::options opt_;
   certattn::attend_workspace ws_;
+  std::vector<float> queries_, out_;  // one group's queries and outputs, rows of rc_ channels
   std::array<certattn::certificate, 64> certs_{};
   std::vector<certattn::key_index> index_;  // [layer][kv_head]
   std::vector<certattn::group_history> history_;  // [layer][kv_head]
@@ -305,20 +316,21 @@ class dense_attention {
   dense_attention(const llama2c::config& c, const llama2c::state<Cache>& s)
       : c_(c),
         s_(s),
-        hs_(std::size_t(c.head_size())),
         G_(std::size_t(c.group())),
-        ws_(G_, hs_),
-        scratch_(G_ * hs_) {}
+        ws_(G_, s.row_channels),
+        scratch_(G_ * s.row_channels) {}
   void time_dense(bool on) { timed_ = on; }
   double dense_seconds() const { return seconds_; }
 
   void operator()(int layer, std::size_t n, std::span<const float> q, std::span<float> out) {
     if (timed_) {
-      const auto t0 = clock_type::now();
-      for (std::size_t h = 0; h < std::size_t(c_.n_kv_heads); ++h)
-        certattn::dense_attend(q.subspan(h * G_ * hs_, G_ * hs_), G_, s_.view(layer, n, h), 0.0f,
+      for (std::size_t h = 0; h < std::size_t(c_.n_kv_heads); ++h) {
+        s_.pad_queries(q, h * G_, G_, queries_);
+        const auto t0 = clock_type::now();
+        certattn::dense_attend(queries_, G_, s_.view(layer, n, h), float(s_.softmax_scale()),
                                std::span<float>(scratch_), ws_);
-      seconds_ += seconds_since(t0);
+        seconds_ += seconds_since(t0);
+      }
     }
     exact_layer(c_, s_, layer, n, q, out);
   }
@@ -326,9 +338,9 @@ class dense_attention {
  private:
   const llama2c::config& c_;
   const llama2c::state<Cache>& s_;
-  std::size_t hs_, G_;
+  std::size_t G_;
   certattn::dense_workspace ws_;
-  std::vector<float> scratch_;
+  std::vector<float> queries_, scratch_;
   bool timed_ = false;
   double seconds_ = 0.0;
 };
@@ -561,7 +573,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", cfg.seed, "perturbation seed")->capture_default_str();
   app.add_option("--kv-cache", cfg.kv_cache,
                  "the KV cache's format in both runs: f16; fp8_e4m3 or fp8_e5m2 (vLLM's, scale 1); "
-                 "q8_0 or q4_0 (llama.cpp's 32-channel blocks: head_dim must be a multiple of 32)")
+                 "q8_0 or q4_0 (llama.cpp's 32-channel blocks; a narrower head's rows padded with zeros)")
       ->check(CLI::IsMember({"f16", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"}))
       ->capture_default_str();
   app.add_flag("--strict", cfg.strict,

@@ -7,6 +7,7 @@
 #include <certattn/common.hpp>
 #include <certattn/layout.hpp>
 #include <certattn/memory.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -124,17 +125,24 @@ inline model load_model(const std::string& path) {
 
 /// Activations and the KV cache of one sequence, its elements of type Cache: fp16 by
 /// default, or a quantized format (certattn/formats.hpp: fp8 codes with a scale of 1, vLLM's
-/// default when none is calibrated; ggml's 32-channel blocks where head_size allows). The
-/// cache of layer l is token-major, [seq_len][n_kv_heads][head_size] (llama.cpp's layout),
-/// so certattn::nhd_view describes one KV head of it.
+/// default when none is calibrated; ggml's 32-channel blocks). The cache of layer l is
+/// token-major, [seq_len][n_kv_heads][row_channels] (llama.cpp's layout), so
+/// certattn::nhd_view describes one KV head of it. A head's row is its head_size channels,
+/// padded with zeros to whole blocks where the format has blocks wider than the head
+/// (stories260K's heads have 8 channels, ggml's blocks 32): a zero channel adds nothing to a
+/// score (the queries are padded likewise) and a zero value channel nothing to the output,
+/// and a block's scale is set by its largest channel, so the stored keys and values are the
+/// ones an unpadded row would hold. The softmax scale stays 1 / sqrt(head_size).
 template <certattn::kv_element Cache = half>
 struct state {
   using units = certattn::format_traits<Cache>;
   std::vector<float> x, xb, xb2, hb, hb2, q, k, v, att, logits;
   certattn::large_vector<Cache> key_cache, value_cache;  // [layer][seq_len][kv units], huge pages
   std::size_t kv_heads = 0, head_size = 0;
-  std::size_t token_units = 0;   // units of Cache per token row (kv_heads * head_size channels)
+  std::size_t row_channels = 0;  // a head's row: head_size rounded up to whole units of Cache
+  std::size_t token_units = 0;   // units of Cache per token row (kv_heads * row_channels)
   std::size_t layer_stride = 0;  // seq_len * token_units
+  std::vector<float> row_buffer;  // [row_channels]: one head's row before quantisation
 
   explicit state(const config& c)
       : x(std::size_t(c.dim)),
@@ -149,11 +157,26 @@ struct state {
         logits(std::size_t(c.vocab_size)),
         kv_heads(std::size_t(c.n_kv_heads)),
         head_size(std::size_t(c.head_size())),
-        token_units(kv_heads * units::units(head_size)),
-        layer_stride(std::size_t(c.seq_len) * token_units) {
-    certattn::check_row_channels<Cache>(head_size, "the model's head_dim");
+        row_channels((head_size + units::channels - 1) / units::channels * units::channels),
+        token_units(kv_heads * units::units(row_channels)),
+        layer_stride(std::size_t(c.seq_len) * token_units),
+        row_buffer(row_channels, 0.0f) {
     key_cache.resize(std::size_t(c.n_layers) * layer_stride);
     value_cache.resize(key_cache.size());
+  }
+
+  /// Whether a head's row carries zero channels after its head_size ones.
+  bool padded() const { return row_channels != head_size; }
+  /// The softmax scale of every call over the cache: 1 / sqrt(head_size), or 0 (the calls'
+  /// default, 1 / sqrt(head_dim)) where rows are not padded.
+  double softmax_scale() const { return padded() ? 1.0 / std::sqrt(double(head_size)) : 0.0; }
+  /// Query heads [h0, h0 + count) of q (head_size floats each) as rows of row_channels,
+  /// zeros after head_size, into out (which it resizes).
+  void pad_queries(std::span<const float> q, std::size_t h0, std::size_t count,
+                   std::vector<float>& out) const {
+    out.assign(count * row_channels, 0.0f);
+    for (std::size_t g = 0; g < count; ++g)
+      std::copy_n(q.data() + (h0 + g) * head_size, head_size, out.data() + g * row_channels);
   }
 
   const Cache* keys(int layer) const { return key_cache.data() + std::size_t(layer) * layer_stride; }
@@ -162,7 +185,7 @@ struct state {
   }
   /// KV head h of layer l over its first n tokens.
   auto view(int layer, std::size_t n, std::size_t h) const {
-    const auto kv = certattn::nhd_view(keys(layer), values(layer), n, kv_heads, head_size, h);
+    const auto kv = certattn::nhd_view(keys(layer), values(layer), n, kv_heads, row_channels, h);
     if constexpr (certattn::fp8_element<Cache>)
       return kv.with_scales({1.0f, 1.0f});
     else
@@ -178,14 +201,19 @@ struct state {
         vd[i] = Cache(value[i]);
       }
     } else {
-      const std::size_t u = units::units(head_size);
+      const std::size_t u = units::units(row_channels);
+      // One head's channels, then zeros to the row's end (row_buffer's tail stays zero).
+      auto row = [this](const float* x) {
+        std::copy_n(x, head_size, row_buffer.data());
+        return row_buffer.data();
+      };
       for (std::size_t h = 0; h < kv_heads; ++h) {
         if constexpr (certattn::fp8_element<Cache>) {
-          certattn::quantize_row(key + h * head_size, head_size, 1.0f, kd + h * u);
-          certattn::quantize_row(value + h * head_size, head_size, 1.0f, vd + h * u);
+          certattn::quantize_row(row(key + h * head_size), row_channels, 1.0f, kd + h * u);
+          certattn::quantize_row(row(value + h * head_size), row_channels, 1.0f, vd + h * u);
         } else {
-          certattn::quantize_row(key + h * head_size, head_size, kd + h * u);
-          certattn::quantize_row(value + h * head_size, head_size, vd + h * u);
+          certattn::quantize_row(row(key + h * head_size), row_channels, kd + h * u);
+          certattn::quantize_row(row(value + h * head_size), row_channels, vd + h * u);
         }
       }
     }
