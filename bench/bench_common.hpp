@@ -103,6 +103,12 @@ class layer_cache {
   strided_kv<K, V> strided(std::size_t h) const;  // hnd, nhd
   template <kv_element K, kv_element V = K>
   paged_kv<K, V> paged(std::size_t h) const;      // paged
+  /// Head h of the paged layout through another block table of `tokens` tokens (its
+  /// entries are pages of this cache): a sequence that shares some of its pages.
+  template <kv_element K, kv_element V = K>
+  paged_kv<K, V> paged(std::size_t h, std::span<const std::int32_t> table, std::size_t tokens) const;
+  /// The paged layout's block table: token t lies on page page_table()[t / kPageTokens].
+  std::span<const std::int32_t> page_table() const noexcept { return table_; }
   strided_kv<half> strided(std::size_t h) const { return strided<half>(h); }
 
   /// Calls f(view_of) with view_of(h) -> the kv_view of head h (all tokens), so that the
@@ -171,11 +177,16 @@ strided_kv<K, V> layer_cache::strided(std::size_t h) const {
 
 template <kv_element K, kv_element V>
 paged_kv<K, V> layer_cache::paged(std::size_t h) const {
+  return paged<K, V>(h, table_, n_);
+}
+
+template <kv_element K, kv_element V>
+paged_kv<K, V> layer_cache::paged(std::size_t h, std::span<const std::int32_t> table, std::size_t tokens) const {
   if (kind_ != layout_kind::kPaged) throw error("layer_cache::paged: not a paged layout");
   check_format<K, V>("paged");
   const std::size_t u = format_traits<K>::units(d_);
-  return with_scale<K, V>(paged_kv<K, V>(reinterpret_cast<const K*>(k_), reinterpret_cast<const V*>(v_), table_,
-                                         n_, kPageTokens, d_, heads_ * kPageTokens * u, u, h * kPageTokens * u),
+  return with_scale<K, V>(paged_kv<K, V>(reinterpret_cast<const K*>(k_), reinterpret_cast<const V*>(v_), table,
+                                         tokens, kPageTokens, d_, heads_ * kPageTokens * u, u, h * kPageTokens * u),
                           h);
 }
 

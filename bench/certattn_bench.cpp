@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   certattn::bench::add_accuracy_command(app);
   certattn::bench::add_audit_command(app);
   certattn::bench::add_monitor_command(app);
+  certattn::bench::add_prefix_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,5 +13,6 @@ void add_index_command(CLI::App& app);  // cmd_index.cpp: build, append and memo
 void add_accuracy_command(CLI::App& app);  // cmd_accuracy.cpp: error vs baselines at matched keys/bytes
 void add_audit_command(CLI::App& app);     // cmd_audit.cpp: certificate validity at scale
 void add_monitor_command(CLI::App& app);   // cmd_monitor.cpp: fidelity monitor vs true exceedance rate
+void add_prefix_command(CLI::App& app);    // cmd_prefix.cpp: sequences sharing a prefix, one scan
 
 }  // namespace certattn::bench

@@ -27,6 +27,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 struct certattn_index {
@@ -204,6 +205,29 @@ void with_cache(const certattn_cache* c, F&& f) {
       throw error("cache.dtype = " + std::to_string(c->dtype) +
                   " is not a certattn_dtype (0 f16, 1 bf16, 2 f32, 3 q8_0, 4 q4_0, 5 fp8_e4m3, 6 fp8_e5m2)");
   }
+}
+
+/// f(views) with views the S caches as one view type (caches[0]'s): a cache of another
+/// format or layout is an error naming it. The views live in a buffer per view type and
+/// thread, so that calls after the first allocate nothing.
+template <class F>
+void with_caches(const certattn_cache* caches, std::size_t S, F&& f) {
+  require(caches, "caches");
+  if (S == 0) throw error("sequences must be > 0");
+  with_cache(&caches[0], [&](const auto& kv0) {
+    using View = std::decay_t<decltype(kv0)>;
+    thread_local std::vector<View> views;
+    views.clear();
+    for (std::size_t s = 0; s < S; ++s)
+      with_cache(&caches[s], [&](const auto& kv) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(kv)>, View>)
+          views.push_back(kv);
+        else
+          throw error("caches[" + std::to_string(s) +
+                      "]: its dtype, value_dtype or layout differs from caches[0]'s");
+      });
+    f(std::span<const View>(views));
+  });
 }
 
 /// The variant with its arrays as spans of `heads` entries (0: none, for the checks that
@@ -666,6 +690,85 @@ int certattn_dense_attend_positions(const float* queries, size_t positions, size
                                     certattn_workspace* workspace) {
   return dense_attend_call("certattn_dense_attend_positions", true, queries, positions, group, cache,
                            softmax_scale, variant, out, workspace);
+}
+
+
+int certattn_attend_sequences(const float* queries, size_t sequences, size_t group,
+                              const certattn_cache* caches, const certattn_index* prefix_index,
+                              const certattn_noise_key* key, const uint64_t* sequence_ids,
+                              const certattn_options* options, float* out, certattn_certificate* certs,
+                              certattn_workspace* workspace, certattn_history* const* histories) {
+  return guarded("certattn_attend_sequences", [&] {
+    require(queries, "queries");
+    require(prefix_index, "prefix_index");
+    require(key, "key");
+    require(sequence_ids, "sequence_ids");
+    require(options, "options");
+    require(out, "out");
+    require(certs, "certs");
+    require(workspace, "workspace");
+    const std::size_t S = sequences;
+    if (group == 0 || S == 0 || S > workspace->certs.size() || S * group > workspace->certs.size())
+      throw error("sequences * group = " + std::to_string(S * group) + " must lie in [1, " +
+                  std::to_string(workspace->certs.size()) + "] (the workspace's group)");
+    const certattn::options opt = to_cpp(*options, group);
+    certattn::noise_key nk;
+    nk.step = key->step;
+    nk.layer = key->layer;
+    nk.kv_head = key->kv_head;
+    with_caches(caches, S, [&](auto views) {
+      const std::size_t d = views[0].head_dim();
+      if (d != workspace->ws.head_dim())
+        throw error("caches[0].head_dim (" + std::to_string(d) + ") != the workspace's head_dim (" +
+                    std::to_string(workspace->ws.head_dim()) + ")");
+      const std::span<const float> q(queries, S * group * d);
+      const std::span<float> o(out, S * group * certattn::value_dim_of(views[0]));
+      const std::span<certattn::certificate> c(workspace->certs.data(), S * group);
+      const std::span<const std::uint64_t> ids(sequence_ids, S);
+      if (histories != nullptr) {
+        thread_local std::vector<certattn::group_history*> hs;
+        hs.clear();
+        for (std::size_t s = 0; s < S; ++s) {
+          if (histories[s] == nullptr) throw error("histories[" + std::to_string(s) + "] is NULL");
+          hs.push_back(&histories[s]->h);
+        }
+        certattn::attend_sequences(q, group, views, prefix_index->idx, nk, ids, opt, o, c, workspace->ws,
+                                   std::span<certattn::group_history* const>(hs));
+      } else {
+        certattn::attend_sequences(q, group, views, prefix_index->idx, nk, ids, opt, o, c, workspace->ws);
+      }
+      for (std::size_t g = 0; g < S * group; ++g) certs[g] = to_c(c[g]);
+    });
+  });
+}
+
+int certattn_dense_attend_sequences(const float* queries, size_t sequences, size_t group,
+                                    const certattn_cache* caches, size_t prefix_tokens, float softmax_scale,
+                                    const certattn_variant* variant, float* out,
+                                    certattn_workspace* workspace) {
+  return guarded("certattn_dense_attend_sequences", [&] {
+    require(queries, "queries");
+    require(out, "out");
+    require(workspace, "workspace");
+    const std::size_t S = sequences;
+    if (group == 0 || S == 0 || S > workspace->dense.group() || S * group > workspace->dense.group())
+      throw error("sequences * group = " + std::to_string(S * group) + " must lie in [1, " +
+                  std::to_string(workspace->dense.group()) + "] (the workspace's group)");
+    with_caches(caches, S, [&](auto views) {
+      const std::size_t d = views[0].head_dim();
+      if (d != workspace->dense.head_dim())
+        throw error("caches[0].head_dim (" + std::to_string(d) + ") != the workspace's head_dim (" +
+                    std::to_string(workspace->dense.head_dim()) + ")");
+      for (std::size_t i = 0; i < S * group * d; ++i)
+        if (!std::isfinite(queries[i])) throw error("queries contain a NaN or Inf");
+      const certattn::attention_variant v =
+          variant != nullptr ? to_cpp(*variant, group) : certattn::attention_variant{};
+      certattn::dense_attend_sequences(std::span<const float>(queries, S * group * d), group, views,
+                                       prefix_tokens, softmax_scale,
+                                       std::span<float>(out, S * group * certattn::value_dim_of(views[0])),
+                                       workspace->dense, v);
+    });
+  });
 }
 
 namespace {

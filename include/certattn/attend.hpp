@@ -28,7 +28,8 @@ template <kv_view KV>
 void check_attend_call(std::span<const float> queries, std::size_t group, const KV& kv,
                        const key_index& idx, const options& opt, std::span<float> out,
                        std::span<certificate> certs, const attend_workspace& ws,
-                       std::span<const int> level_hints, std::size_t positions = 1) {
+                       std::span<const int> level_hints, std::size_t positions = 1,
+                       const tail_rows* tail = nullptr) {
   validate(opt);
   const std::size_t n = kv.size(), d = kv.head_dim(), dv = value_dim_of(kv);
   validate_shape(opt, n, d);
@@ -61,7 +62,10 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
   if (idx.value_dim() != dv)
     throw error("idx value_dim (" + std::to_string(idx.value_dim()) + ") != the cache's value_dim (" +
                 std::to_string(dv) + "): build the index as key_index(head_dim, value_dim)");
-  if (idx.size() != n)
+  if (tail && idx.size() > n)
+    throw error("prefix_index.size() (" + std::to_string(idx.size()) + ") exceeds kv.size() (" +
+                std::to_string(n) + "): the index must hold a prefix every view shares");
+  if (!tail && idx.size() != n)
     throw error("idx.size() (" + std::to_string(idx.size()) + ") != kv.size() (" +
                 std::to_string(n) + "): append every new token to the index");
   idx.check_format(kv);
@@ -87,10 +91,11 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
   // The score bounds run in float. Scores beyond any real model's would overflow them
   // (and lose candidates), so such inputs are refused rather than certified wrongly.
   const double score_scale = std::max(1.0, opt.effective_softmax_scale(d));
+  const double key_abs_max = std::max(double(idx.max_abs_key()), tail ? double(tail->key_abs_max) : 0.0);
   for (std::size_t g = 0; g < heads; ++g) {
     double l1 = 0.0;
     for (std::size_t i = 0; i < d; ++i) l1 += std::fabs(double(queries[g * d + i]));
-    const double magnitude = l1 * double(idx.max_abs_key()) * score_scale;
+    const double magnitude = l1 * key_abs_max * score_scale;
     if (!(magnitude <= detail::kMaxScoreMagnitude)) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.3g", magnitude);
@@ -99,6 +104,80 @@ void check_attend_call(std::span<const float> queries, std::size_t group, const 
                                  : "head " + std::to_string(g)) +
                   ": max(1, softmax_scale) * ||q||_1 * max|key| = " + buf +
                   " exceeds 2^100: scores this large overflow the float score bounds");
+    }
+  }
+}
+
+/// attend_sequences()'s argument checks: a certattn::error naming the first bad argument
+/// (a sequence's own, prefixed "sequence s: "). Fills ws.tails_ with each view's tail rows.
+template <kv_view KV>
+void check_sequences_call(std::span<const float> queries, std::size_t group,
+                          std::span<const KV> views, const key_index& idx,
+                          std::span<const std::uint64_t> sequences, const options& opt,
+                          std::span<float> out, std::span<certificate> certs,
+                          attend_workspace& ws, std::span<const int> level_hints,
+                          std::span<group_history* const> histories) {
+  const std::size_t S = views.size();
+  if (S == 0) throw error("views must hold at least one sequence's view");
+  if (group == 0) throw error("group must be > 0");
+  if (sequences.size() != S)
+    throw error("sequences has " + std::to_string(sequences.size()) +
+                " elements, expected one id per view = " + std::to_string(S));
+  for (std::size_t a = 0; a < S; ++a)
+    for (std::size_t b = a + 1; b < S; ++b)
+      if (sequences[a] == sequences[b])
+        throw error("sequences: ids " + std::to_string(a) + " and " + std::to_string(b) +
+                    " are equal (" + std::to_string(sequences[a]) +
+                    "): each sequence needs its own perturbations");
+  const std::size_t d = views[0].head_dim(), dv = value_dim_of(views[0]), heads = S * group;
+  if (queries.size() != heads * d)
+    throw error("queries has " + std::to_string(queries.size()) +
+                " elements, expected sequences * group * head_dim = " + std::to_string(heads * d));
+  if (out.size() != heads * dv)
+    throw error("out has " + std::to_string(out.size()) +
+                " elements, expected sequences * group * value_dim = " + std::to_string(heads * dv));
+  if (certs.size() != heads)
+    throw error("certs has " + std::to_string(certs.size()) +
+                " elements, expected sequences * group = " + std::to_string(heads));
+  if (!level_hints.empty() && level_hints.size() != heads)
+    throw error("level_hints has " + std::to_string(level_hints.size()) +
+                " elements, expected 0 or sequences * group = " + std::to_string(heads));
+  if (!histories.empty() && histories.size() != S)
+    throw error("histories has " + std::to_string(histories.size()) +
+                " elements, expected one per view = " + std::to_string(S));
+  for (std::size_t s = 0; s < histories.size(); ++s) {
+    if (!histories[s]) throw error("histories[" + std::to_string(s) + "] is null");
+    if (histories[s]->group() != group)
+      throw error("histories[" + std::to_string(s) + "] (group_history) is for group " +
+                  std::to_string(histories[s]->group()) + ", the call has group " +
+                  std::to_string(group));
+    for (std::size_t b = 0; b < s; ++b)
+      if (histories[b] == histories[s])
+        throw error("histories[" + std::to_string(b) + "] and histories[" + std::to_string(s) +
+                    "] are the same group_history: each sequence keeps its own");
+  }
+  if (heads > ws.group())
+    throw error("ws (attend_workspace) is sized for group " + std::to_string(ws.group()) +
+                ": too small for this call (sequences * group " + std::to_string(heads) + ")");
+  for (std::size_t s = 0; s < S; ++s) {
+    const KV& kv = views[s];
+    const std::span<const int> hints = level_hints.empty() ? level_hints
+                                                           : level_hints.subspan(s * group, group);
+    try {
+      if (kv.head_dim() != d || value_dim_of(kv) != dv)
+        throw error("kv: head_dim " + std::to_string(kv.head_dim()) + " and value_dim " +
+                    std::to_string(value_dim_of(kv)) + " differ from views[0]'s (" +
+                    std::to_string(d) + ", " + std::to_string(dv) + ")");
+      const tail_rows none;
+      check_attend_call(queries.subspan(s * group * d, group * d), group, kv, idx, opt,
+                        out.subspan(s * group * dv, group * dv), certs.subspan(s * group, group),
+                        ws, hints, 1, &none);
+      const tail_rows tail = attend_stages::read_tail_rows(kv, idx, ws, s);
+      check_attend_call(queries.subspan(s * group * d, group * d), group, kv, idx, opt,
+                        out.subspan(s * group * dv, group * dv), certs.subspan(s * group, group),
+                        ws, hints, 1, &tail);
+    } catch (const error& e) {
+      throw error("sequence " + std::to_string(s) + ": " + e.what());
     }
   }
 }
@@ -185,5 +264,51 @@ void attend_positions(std::span<const float> queries, std::size_t positions, std
                                        ws, level_hints, nullptr);
 }
 
-}  // namespace certattn
+/// Several sequences that share a prefix (parallel samples of one prompt, beam search)
+/// in one call for one KV head: the prefix's index is scanned once for all of them.
+///   views: each sequence's cache of this KV head (views[s].size() tokens, oldest first),
+///   whose first prefix_index.size() tokens are the shared prefix's (for instance
+///   paged_kv views whose block tables list the prefix's pages, then the sequence's own);
+///   prefix_index: the index of those shared tokens, built once (the sequences append
+///   nothing to it); queries [sequences][group][head_dim], out [sequences][group]
+///   [value_dim], certs [sequences][group]; ws sized for views.size() * group heads.
+///   sequences: one id per view, all different: sequence s draws the perturbations of
+///   nk with noise_key::sequence = sequences[s].
+/// Sequence s's answer and certificate are those attend_group() gives over views[s] with
+/// that noise key and an index over its prefix alone: its pool is the prefix's tokens
+/// before its window, and every token after the prefix (its own) is read exactly with the
+/// window (reference_attend_sequences() reproduces the call). The own tokens are what a
+/// sequence pays per step beyond the shared scan, so the call suits tails of up to a few
+/// thousand tokens; a longer-lived sequence is better served by its own index
+/// (docs/integration.md, "Parallel samples and shared prefixes"). The views' shared
+/// tokens must be the prefix index's: the call cannot tell.
+/// level_hints: empty or [sequences][group] (attend_group()'s rule).
+template <kv_view KV>
+void attend_sequences(std::span<const float> queries, std::size_t group, std::span<const KV> views,
+                      const key_index& prefix_index, const noise_key& nk,
+                      std::span<const std::uint64_t> sequences, const options& opt,
+                      std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                      std::span<const int> level_hints = {}) {
+  detail::check_sequences_call(queries, group, views, prefix_index, sequences, opt, out, certs, ws,
+                               level_hints, {});
+  detail::attend_stages::run_sequences(queries, group, views, prefix_index, nk, sequences, opt, out,
+                                       certs, ws, level_hints, {});
+}
 
+/// The same with each sequence's group_history for this (layer, KV head) (histories
+/// [sequences], all different): each gives its sequence's hints, routes that sequence
+/// alone (the dense kernel over its view) and keeps its levels and costs; a sequence's
+/// cost counts its share of the shared scan.
+template <kv_view KV>
+void attend_sequences(std::span<const float> queries, std::size_t group, std::span<const KV> views,
+                      const key_index& prefix_index, const noise_key& nk,
+                      std::span<const std::uint64_t> sequences, const options& opt,
+                      std::span<float> out, std::span<certificate> certs, attend_workspace& ws,
+                      std::span<group_history* const> histories) {
+  detail::check_sequences_call(queries, group, views, prefix_index, sequences, opt, out, certs, ws,
+                               {}, histories);
+  detail::attend_stages::run_sequences(queries, group, views, prefix_index, nk, sequences, opt, out,
+                                       certs, ws, {}, histories);
+}
+
+}  // namespace certattn

@@ -108,7 +108,7 @@ struct attend_stages : exact_paths {
     }
     clock.lap(seconds[1]);
     const group_progress progress =
-        group_answer<KV>(kv, idx, queries.data(), cx, out, certs, ws, clock).run(true);
+        group_answer<KV>(kv, idx, queries.data(), cx, out, certs, ws, clock).run(true, true);
     if (history) {
       // The call's cost relative to the dense kernel: measured, once this group's dense
       // kernel has been timed, else the cost model's prediction.
@@ -219,7 +219,7 @@ struct attend_stages : exact_paths {
       if (cx.pool_end > cx.first) finish_bounds(cx, ws);
       clock.lap(seconds[1]);
       any_exact |= group_answer<kv_prefix<KV>>(view, idx, q, cx, out_p, certs_p, ws, clock)
-                       .run(p + 1 == Q)
+                       .run(p + 1 == Q, p + 1 == Q)
                        .exact_count > 0;
       add(ws.stats_);
     }
@@ -241,15 +241,195 @@ struct attend_stages : exact_paths {
     }
   }
 
+  // ---- several sequences over a shared prefix ----------------------------------------
+  /// attend_sequences(): S sequences of G heads each, sequence s over views[s], whose
+  /// first idx.size() tokens are the prefix the index holds. Each is the call
+  /// attend_group() would make on its view with nk.sequence = sequences[s], an index of
+  /// the prefix alone (its pool ends at the prefix; its own tokens are read exactly with
+  /// the window), except that the index is scanned once, for all S G queries over the
+  /// widest pool, before the sequences are answered in order. ws.tails_ holds each
+  /// view's tail maxima (check_sequences_call()). Each history (if any) routes, hints and
+  /// keeps its own sequence; a sequence's measured cost is its own time plus its share
+  /// of the scan.
+  template <kv_view KV>
+  static void run_sequences(std::span<const float> queries, std::size_t group,
+                            std::span<const KV> views, const key_index& idx, const noise_key& nk,
+                            std::span<const std::uint64_t> sequences, const options& user_opt,
+                            std::span<float> out, std::span<certificate> certs,
+                            attend_workspace& ws, std::span<const int> level_hints,
+                            std::span<group_history* const> histories) {
+    const std::size_t S = views.size(), G = group, d = views[0].head_dim();
+    const std::size_t dv = value_dim_of(views[0]);
+    auto history_of = [&](std::size_t s) { return histories.empty() ? nullptr : histories[s]; };
+    auto key_of_sequence = [&](std::size_t s) {
+      noise_key k = nk;
+      k.sequence = sequences[s];
+      return k;
+    };
+    auto sequence_context = [&](std::size_t s) {
+      group_history* h = history_of(s);
+      const noise_key k = key_of_sequence(s);
+      const std::span<const int> hints =
+          h ? h->hints_for(k) : level_hints.empty() ? level_hints : level_hints.subspan(s * G, G);
+      call_context cx = make_context(G, views[s], idx, k, user_opt, hints, h, idx.size());
+      cx.decoded = ws.decoded_.data();
+      cx.head0 = s * G;
+      cx.heads = S * G;
+      // The rounding bounds cover the sequence's own rows too.
+      const tail_rows& tail = ws.tails_[s];
+      cx.key_abs_max = std::max(cx.key_abs_max, double(tail.key_abs_max));
+      cx.value_distance_max = std::max(cx.value_distance_max, double(tail.value_distance_max));
+      cx.value_overflow = cx.value_overflow || tail.value_overflow;
+      return cx;
+    };
+    const bool timed_routing = user_opt.route == routing::kAuto && user_opt.cost.measured;
+    auto routed = [&](const call_context& cx, std::size_t s) {
+      group_history* h = history_of(s);
+      return cx.pool_end > cx.first && h && h->routes_dense(user_opt);
+    };
+    auto sparse = [&](const call_context& cx, std::size_t s) {
+      return !routed(cx, s) && !user_opt.short_sliding_window(cx.n) && cx.pool_end > cx.first;
+    };
+    // The shared scan: every sparse sequence's heads over the union of their pools.
+    stage_clock clock{ws.time_stages_};
+    std::size_t scan_end = 0, scan_first = idx.size(), scanned = 0;
+    for (std::size_t s = 0; s < S; ++s) {
+      const call_context cx = sequence_context(s);
+      if (!sparse(cx, s)) continue;
+      scan_end = std::max(scan_end, cx.pool_end);
+      scan_first = std::min(scan_first, cx.first);
+      ++scanned;
+    }
+    double scan_seconds = 0.0;
+    const double t_scan = timed_routing ? stage_clock::now() : 0.0;
+    {
+      const call_context cx = sequence_context(0);
+      prepare_queries(queries, S * G, cx, ws);
+      if (scan_end > scan_first)
+        scan_bounds(idx, cx, S * G, scan_end, scan_first / key_index::kBlockTokens, ws);
+      clock.lap(scan_seconds);
+    }
+    const double scan_share = timed_routing && scanned > 0
+                                  ? (stage_clock::now() - t_scan) / double(scanned)
+                                  : 0.0;
+    group_stats total;
+    std::size_t dense_tokens = 0, max_n = 0;
+    for (std::size_t s = 0; s < S; ++s) {
+      const KV& kv = views[s];
+      const call_context cx = sequence_context(s);
+      group_history* h = history_of(s);
+      const float* q = queries.data() + s * G * d;
+      const std::span<float> out_s = out.subspan(s * G * dv, G * dv);
+      const std::span<certificate> certs_s = certs.subspan(s * G, G);
+      const bool timed = h && timed_routing;
+      const double t_start = timed ? stage_clock::now() : 0.0;
+      max_n = std::max(max_n, cx.n);
+      // The tokens the dense baseline reads for this sequence beyond the shared prefix.
+      dense_tokens += s == 0 ? cx.attended() : cx.n - std::max(cx.first, idx.size());
+      begin_stats(cx, ws);
+      if (routed(cx, s)) {
+        route_dense(kv, idx, queries.subspan(s * G * d, G * d), cx, out_s, certs_s, ws,
+                    answer_path::kRouted);
+        add_stats(total, ws.stats_);
+        if (timed)
+          h->record_dense(stage_clock::now() - t_start, cx.attended());
+        else
+          h->record_dense();
+        continue;
+      }
+      if (user_opt.short_sliding_window(cx.n)) {
+        route_dense(kv, idx, queries.subspan(s * G * d, G * d), cx, out_s, certs_s, ws,
+                    answer_path::kNoPool);
+        for (std::size_t g = 0; g < G; ++g) ws.head_levels_[g] = -1;
+        add_stats(total, ws.stats_);
+        continue;
+      }
+      double* seconds = ws.stats_.stage_seconds;
+      seconds[1] = s == 0 ? scan_seconds : 0.0;
+      fixed_scores(kv, q, cx, ws);
+      clock.lap(seconds[0]);
+      if (cx.pool_end > cx.first) finish_bounds(cx, ws);
+      clock.lap(seconds[1]);
+      const group_progress progress =
+          group_answer<KV>(kv, idx, q, cx, out_s, certs_s, ws, clock).run(false, true);
+      add_stats(total, ws.stats_);
+      if (h) {
+        const double predicted = user_opt.cost.predicted(ws.stats_.sampled, cx.attended()) +
+                                 (progress.exact_count > 0 ? 1.0 : 0.0);
+        const double measured =
+            timed ? h->measured_cost(stage_clock::now() - t_start + scan_share, cx.attended())
+                  : std::numeric_limits<double>::quiet_NaN();
+        const bool was_measured = !std::isnan(measured);
+        h->record_sparse(was_measured ? measured : predicted,
+                         std::span<const int>(ws.head_levels_.data(), G), key_of_sequence(s),
+                         was_measured ? predicted : std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+    // The scan's codes and block scales, read once, split over the heads that used them.
+    const call_context cx0 = sequence_context(0);
+    const std::size_t scan_blocks =
+        scan_end > scan_first ? (scan_end + key_index::kBlockTokens - 1) / key_index::kBlockTokens -
+                                    scan_first / key_index::kBlockTokens
+                              : 0;
+    const std::size_t scan_bytes =
+        scan_blocks * (idx.block_code4_bytes() + key_index::kScaleRows * cx0.dp * sizeof(float));
+    total.bytes_read += scan_bytes;
+    for (std::size_t s = 0; s < S && scanned > 0; ++s) {
+      if (!sparse(sequence_context(s), s)) continue;
+      for (std::size_t g = 0; g < G; ++g) certs[s * G + g].bytes_read += scan_bytes / (scanned * G);
+    }
+    total.tokens = max_n;
+    total.pool = scan_end - std::min(scan_end, scan_first);
+    total.dense_bytes = dense_tokens * (cx0.key_bytes + cx0.value_bytes);
+    ws.stats_ = total;
+  }
+
+  /// What attend_sequences() reads after the prefix index's tokens in views[s] = kv: max
+  /// |k| and the value distances to the index's centre (as key_index::append() computes
+  /// them), with the keys and values checked finite; kept in ws.tails_[s] for the call.
+  template <kv_view KV>
+  static tail_rows read_tail_rows(const KV& kv, const key_index& idx, attend_workspace& ws,
+                                  std::size_t s) {
+    float* scratch = ws.decoded_.data();  // [2][head_dim] of its [9][head_dim]
+    tail_rows r;
+    const std::size_t d = kv.head_dim(), dv = value_dim_of(kv);
+    for (std::size_t t = idx.size(); t < kv.size(); ++t) {
+      key_to_float(kv, t, scratch);
+      value_to_float(kv, t, scratch + d);
+      for (std::size_t i = 0; i < d; ++i) {
+        if (!std::isfinite(scratch[i]))
+          throw error("views[" + std::to_string(s) + "]: token " + std::to_string(t) +
+                      "'s key has a NaN or Inf");
+        r.key_abs_max = std::max(r.key_abs_max, std::fabs(scratch[i]));
+      }
+      for (std::size_t i = 0; i < dv; ++i)
+        if (!std::isfinite(scratch[d + i]))
+          throw error("views[" + std::to_string(s) + "]: token " + std::to_string(t) +
+                      "'s value has a NaN or Inf");
+      const float dist = value_distance_bound(scratch + d, idx.value_center(), dv);
+      if (std::isfinite(dist))
+        r.value_distance_max = std::max(r.value_distance_max, dist);
+      else
+        r.value_overflow = true;
+    }
+    ws.tails_[s] = r;
+    return r;
+  }
+
   // ---- before the stages --------------------------------------------------------------
   template <kv_view KV>
   static call_context make_context(std::size_t group, const KV& kv, const key_index& idx,
                                    const noise_key& nk, const options& user_opt,
                                    std::span<const int> hints,
-                                   const group_history* history) noexcept {
+                                   const group_history* history,
+                                   std::size_t pool_limit = SIZE_MAX) noexcept {
     const options opt = shifted_grid(user_opt);
-    const std::size_t n = kv.size(), d = kv.head_dim(), pool_end = n - opt.effective_window(n);
+    const std::size_t n = kv.size(), d = kv.head_dim();
     const std::size_t first = user_opt.variant.first_token(n);
+    // The pool ends before the window, and (attend_sequences()) within the index's tokens:
+    // the rows after them are read exactly, as the window's are.
+    const std::size_t pool_end =
+        std::min(n - opt.effective_window(n), std::max(pool_limit, first));
     // The exact set inside the pool: read exactly, never sampled. The classic certificate's
     // holds the value outliers; the tight one samples those by their reach and reads only
     // the values whose distance overflowed float.
@@ -285,6 +465,9 @@ struct attend_stages : exact_paths {
         .design = make_sampling_design(opt, idx.reach_floor(), idx.value_distance_max(pool_end),
                                        idx.value_center()),
         .dist = idx.value_distances(),
+        .key_abs_max = double(idx.max_abs_key()),
+        .value_distance_max = idx.value_distance_max(std::min(n, idx.size())),
+        .value_overflow = !idx.overflow_tokens().empty(),
         .kernels = select_attend_kernels(active_isa()),
         .budget = history ? history->sample_budget(user_opt, n - first)
                           : sample_budget(user_opt, n - first),
@@ -499,9 +682,10 @@ struct group_answer : exact_paths {
                stage_clock& clock) noexcept
       : kv(kv), idx(idx), queries(queries), cx(cx), out(out), certs(certs), ws(ws), clock(clock) {}
 
-  /// The stages in order; count_shared: whether the scan's and the fixed rows' bytes
-  /// are this call's.
-  group_progress run(bool count_shared) {
+  /// The stages in order; count_scan, count_fixed: whether the scan's and the fixed
+  /// rows' bytes are this call's (a multi-position call counts both once; a shared-prefix
+  /// call counts the scan once and each sequence's fixed rows, which are its own).
+  group_progress run(bool count_scan, bool count_fixed) {
     double* seconds = ws.stats_.stage_seconds;
     attend_stages::perturbation_bounds(idx, cx, ws);
     clock.lap(seconds[3]);
@@ -511,7 +695,7 @@ struct group_answer : exact_paths {
     for (std::size_t g = 0; g < cx.group; ++g) answer_head(g);
     const std::size_t exact_pass_bytes = exact_answers();
     clock.lap(seconds[5]);
-    account_bytes(exact_pass_bytes, count_shared);
+    account_bytes(exact_pass_bytes, count_scan, count_fixed);
     return progress;
   }
 
@@ -562,7 +746,7 @@ struct group_answer : exact_paths {
     cert.denominator = unshift(window_weight, ws.head_c_[g], ws.head_max_[g], cx.top);
     exact_rounding r;
     r.head_dim = d;
-    r.eta = double_path_eta(exact_terms(cx, g), variant_magnitude(q, g, cx, idx) + grid_shift(cx.top));
+    r.eta = double_path_eta(exact_terms(cx, g), variant_magnitude(q, g, cx) + grid_shift(cx.top));
     r.value_scale = std::sqrt(ws.window_sq_[g] / window_weight);
     r.center_norm = cx.center_norm;
     r.spread = value_scale_upper(r) + r.center_norm;
@@ -636,16 +820,15 @@ struct group_answer : exact_paths {
   /// shared part (codes and block scales, the fixed rows, the exact pass) split evenly.
   /// A multi-position call counts the scan's and the fixed rows' bytes once, at its newest
   /// position (the others' fixed rows differ from its by at most Q - 1 rows).
-  void account_bytes(std::size_t exact_pass_bytes, bool count_shared) noexcept {
+  void account_bytes(std::size_t exact_pass_bytes, bool count_scan, bool count_fixed) noexcept {
     group_stats& stats = ws.stats_;
     const std::size_t F = cx.fixed_rows(), row_bytes = cx.key_bytes + cx.value_bytes;
     const std::size_t blocks = cx.pool_blocks() - std::min(cx.first_block(), cx.pool_blocks());
     const std::size_t shared =
-        (count_shared ? blocks * (idx.block_code4_bytes() +
-                                  key_index::kScaleRows * cx.dp * sizeof(float)) +
-                            F * row_bytes
-                      : 0) +
-        exact_pass_bytes;
+        (count_scan ? blocks * (idx.block_code4_bytes() +
+                                key_index::kScaleRows * cx.dp * sizeof(float))
+                    : 0) +
+        (count_fixed ? F * row_bytes : 0) + exact_pass_bytes;
     stats.keys_read += F;
     stats.values_read += F;
     stats.bytes_read = shared;

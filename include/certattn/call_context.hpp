@@ -74,6 +74,12 @@ struct call_context {
   double center_norm = 0.0;           // ||g||
   sampling_design design;             // how light keys are sampled (certificate.hpp)
   const float* dist = nullptr;        // the index's ||v_t - g|| bounds, per token
+  // Over every token the call reads (the index's, and a shared-prefix call's tail rows,
+  // attend_sequences()): max |k|, which the rounding bounds scale with, and max ||v - g||
+  // over the finite distances, with whether any distance overflowed float.
+  double key_abs_max = 0.0;
+  double value_distance_max = 0.0;
+  bool value_overflow = false;
   attend_kernels kernels;
   std::size_t budget = 0;             // sample_budget() of the group
   std::span<const int> hints;         // [group] level hints, or empty

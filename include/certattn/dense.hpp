@@ -487,6 +487,97 @@ void dense_attend_positions(std::span<const float> queries, std::size_t position
   detail::dense_normalise(out.data(), l.data(), rows, dv, out.data());
 }
 
+/// Exact attention of several sequences that share a prefix (attend_sequences()'s
+/// baseline): sequence s (views[s], group queries) attends all its tokens, of which the
+/// first prefix_tokens are the same in every view. One pass of the dense kernel over the
+/// shared tokens every sequence attends (views[0]'s rows) for all sequences * group
+/// queries, then each sequence's own tokens (and a sliding window's shared tokens the
+/// others no longer see) joined to its state in double. queries [sequences][group]
+/// [head_dim] (not yet scaled), out [sequences][group][value_dim]; ws sized for
+/// sequences * group queries. `variant`: spans of `group` entries, applied to every
+/// sequence as dense_attend() applies them to one (a position bias relative to the
+/// sequence's own newest token).
+template <kv_view KV>
+void dense_attend_sequences(std::span<const float> queries, std::size_t group,
+                            std::span<const KV> views, std::size_t prefix_tokens,
+                            float softmax_scale, std::span<float> out, dense_workspace& ws,
+                            const attention_variant& variant = {}) {
+  using A = detail::dense_workspace_access;
+  constexpr std::size_t kMaxRows = 1024;  // the repeated slopes live on the stack
+  const std::size_t S = views.size(), G = group, rows = S * G;
+  if (S == 0) throw error("views must hold at least one sequence's view");
+  if (group == 0) throw error("group must be > 0");
+  if (rows > kMaxRows)
+    throw error("sequences * group (" + std::to_string(rows) + ") exceeds " +
+                std::to_string(kMaxRows));
+  const std::size_t d = views[0].head_dim(), dv = value_dim_of(views[0]);
+  std::size_t shared_end = prefix_tokens, begin = 0;
+  for (std::size_t s = 0; s < S; ++s) {
+    if (views[s].head_dim() != d || value_dim_of(views[s]) != dv)
+      throw error("views[" + std::to_string(s) + "]: head_dim and value_dim must be views[0]'s");
+    if (views[s].size() == 0) throw error("views[" + std::to_string(s) + "] is empty");
+    if (prefix_tokens > views[s].size())
+      throw error("prefix_tokens (" + std::to_string(prefix_tokens) + ") exceeds views[" +
+                  std::to_string(s) + "].size() (" + std::to_string(views[s].size()) + ")");
+    begin = std::max(begin, variant.first_token(views[s].size()));
+  }
+  detail::dense_check_size(queries.size(), rows * d, "queries", "sequences * group * head_dim");
+  detail::dense_check_size(out.size(), rows * dv, "out", "sequences * group * value_dim");
+  detail::dense_check_workspace(ws, rows, d, 1);
+  validate(variant, group, "variant");
+  const std::size_t n0 = views[0].size();
+  float slopes[kMaxRows];
+  attention_variant scores_only;
+  scores_only.logit_softcap = variant.logit_softcap;
+  if (!variant.alibi_slopes.empty()) {
+    for (std::size_t r = 0; r < rows; ++r) slopes[r] = variant.alibi_slopes[r % G];
+    scores_only.alibi_slopes = std::span<const float>(slopes, rows);
+  }
+  std::span<float> m(A::max_scores(ws), rows), l(A::sums(ws), rows);
+  dense_partial(queries, rows, views[0], softmax_scale, std::min(begin, shared_end), shared_end, m,
+                l, out, ws, scores_only);
+  // The other tokens of each sequence, in double, from the scaled queries dense_partial
+  // left in the workspace. The pass's position bias is relative to views[0]'s newest
+  // token: sequence s's scores are the pass's plus slope (n0 - n_s) for every token, a
+  // constant that the softmax cancels, so its own tokens join relative to n0 - 1 too and
+  // only the sink sees the shift.
+  const float* qs = A::queries(ws);
+  const std::size_t q_stride = detail::dense_round16(d);
+  float* key_buf = A::key_tile(ws);
+  float* value_buf = A::value_tile(ws);
+  auto join = [&](const KV& kv, std::size_t s, std::size_t t) {
+    const auto* k = detail::key_row(kv, t, key_buf);
+    const auto* v = detail::value_row(kv, t, value_buf);
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::size_t r = s * G + g;
+      double x = 0.0;
+      for (std::size_t i = 0; i < d; ++i) x += double(qs[r * q_stride + i]) * to_double(k[i]);
+      if (variant.logit_softcap > 0.0) x = variant.logit_softcap * std::tanh(x / variant.logit_softcap);
+      if (!variant.alibi_slopes.empty())
+        x += double(variant.alibi_slopes[g]) * (double(t) - double(n0 - 1));
+      const double m_new = std::max(double(m[r]), x);
+      const double keep = std::exp(double(m[r]) - m_new), w = std::exp(x - m_new);
+      l[r] = float(double(l[r]) * keep + w);
+      float* o = out.data() + r * dv;
+      for (std::size_t i = 0; i < dv; ++i) o[i] = float(double(o[i]) * keep + w * to_double(v[i]));
+      m[r] = float(m_new);
+    }
+  };
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::size_t n_s = views[s].size(), first_s = variant.first_token(n_s);
+    for (std::size_t t = first_s; t < std::min(begin, shared_end); ++t) join(views[s], s, t);
+    for (std::size_t t = std::max(first_s, shared_end); t < n_s; ++t) join(views[s], s, t);
+    for (std::size_t g = 0; g < G && !variant.sinks.empty(); ++g) {
+      const std::size_t r = s * G + g;
+      const double shift = variant.alibi_slopes.empty()
+                               ? 0.0
+                               : double(variant.alibi_slopes[g]) * (double(n0) - double(n_s));
+      l[r] = float(double(l[r]) + std::exp(double(variant.sinks[g]) - (double(m[r]) + shift)));
+    }
+  }
+  detail::dense_normalise(out.data(), l.data(), rows, dv, out.data());
+}
+
 /// The element types of a token-major layer call: 16-bit, float and double elements,
 /// ggml's blocks (a llama.cpp q8_0 or q4_0 cache tensor, rows of kv_heads * head_dim / 32
 /// blocks), and fp8 (vLLM's e4m3 / e5m2 cache with a scale pair per KV head: the

@@ -66,18 +66,18 @@ struct exact_paths : row_access {
 
   /// What rounding.hpp's bounds take as S for head g: score_magnitude() through the
   /// variant (head_variant::score_magnitude()).
-  static double variant_magnitude(const float* q, std::size_t g, const call_context& cx,
-                                  const key_index& idx) noexcept {
-    return cx.head(g).score_magnitude(score_magnitude(q, cx.d, cx.scale, idx));
+  static double variant_magnitude(const float* q, std::size_t g,
+                                  const call_context& cx) noexcept {
+    return cx.head(g).score_magnitude(score_magnitude(q, cx.d, cx.scale, cx.key_abs_max));
   }
 
   /// scale ||q||_1 max|k| >= |s_i| and >= scale sum_j |q_j k_ij| for every token: what the
   /// rounding bounds of rounding.hpp scale with.
   static double score_magnitude(const float* q, std::size_t d, double scale,
-                                const key_index& idx) noexcept {
+                                double key_abs_max) noexcept {
     double l1 = 0.0;
     for (std::size_t j = 0; j < d; ++j) l1 += std::fabs(double(q[j]));
-    return scale * l1 * double(idx.max_abs_key());
+    return scale * l1 * key_abs_max;
   }
 
   /// Exact attention for the heads ws.exact_heads_[0..m): one pass of the dense kernel over
@@ -128,7 +128,7 @@ struct exact_paths : row_access {
       const float* q = queries + g * d;
       float* o = out + g * dv;
       double& c = ws.head_max_[g];
-      const double magnitude = variant_magnitude(q, g, cx, idx);
+      const double magnitude = variant_magnitude(q, g, cx);
       exact_rounding& r = ws.exact_rounding_[g];
       r = {};
       r.head_dim = dv;
@@ -184,9 +184,9 @@ struct exact_paths : row_access {
 
   /// max_i ||v_i|| over the whole cache, rounded up, from the index's distances to the
   /// value centre (+inf when a value overflowed them).
-  static double value_norm_max(const key_index& idx, const call_context& cx) noexcept {
-    if (!idx.overflow_tokens().empty()) return std::numeric_limits<double>::infinity();
-    return (cx.center_norm + idx.value_distance_max(cx.n)) * (1.0 + 0x1p-40);
+  static double value_norm_max(const call_context& cx) noexcept {
+    if (cx.value_overflow) return std::numeric_limits<double>::infinity();
+    return (cx.center_norm + cx.value_distance_max) * (1.0 + 0x1p-40);
   }
 
   // ---- routed groups and positions -----------------------------------------------------
@@ -204,7 +204,7 @@ struct exact_paths : row_access {
       ws.head_max_[g] = std::numeric_limits<double>::quiet_NaN();
       if (ws.record_) ws.recorded_[cx.head0 + g].clear();
     }
-    const double vmax = value_norm_max(idx, cx);
+    const double vmax = value_norm_max(cx);
     exact_heads(kv, idx, queries.data(), cx, group, out.data(), ws, false, vmax);
     group_stats& stats = ws.stats_;
     stats.keys_read = stats.values_read = n;
@@ -287,7 +287,7 @@ struct exact_paths : row_access {
       const kv_prefix<KV> view(kv, n - Q + 1 + p);
       const call_context cx = context_of(view, p);
       begin_stats(cx, ws);
-      const double vmax = value_norm_max(idx, cx);
+      const double vmax = value_norm_max(cx);
       const std::size_t tail = cx.attended() - (hi - lo);  // [first, lo) and [hi, n_p)
       std::size_t redo = 0;
       for (std::size_t g = 0; g < G; ++g) {
@@ -320,10 +320,10 @@ struct exact_paths : row_access {
         for (std::size_t t = hi; t < cx.n; ++t) join(t);
         bool finite = std::isfinite(den) && den > 0.0 && std::fabs(c) <= 1024.0;
         for (std::size_t j = 0; j < dv; ++j) finite &= std::isfinite(o[j] = float(num[j] / den));
-        const double magnitude = variant_magnitude(q, g, cx, idx);
+        const double magnitude = variant_magnitude(q, g, cx);
         // The pass's scores carry the bias relative to token n - 1: the newest position's
         // magnitude bounds them (its first token is lo, the pass's first).
-        const double pass_magnitude = std::max(magnitude, variant_magnitude(q, g, newest, idx));
+        const double pass_magnitude = std::max(magnitude, variant_magnitude(q, g, newest));
         exact_rounding& er = ws.exact_rounding_[g];
         er = {};
         er.head_dim = dv;

@@ -485,6 +485,46 @@ class kv_prefix {
   std::size_t size_;
 };
 
+/// A shared prefix's view followed by one sequence's own tokens in another view of the
+/// same type, nothing copied: token t is prefix's for t < prefix.size(), else own's token
+/// t - prefix.size(). For attend_sequences() over caches that keep the prefix in one
+/// buffer and each sequence's tokens in its own (no block table to share pages through).
+/// Both views must outlive it and agree in head_dim, value_dim and scales.
+template <kv_view KV>
+class joined_kv {
+ public:
+  using key_type = key_element_t<KV>;
+  using value_type = value_element_t<KV>;
+  joined_kv() = default;
+  joined_kv(const KV& prefix, const KV& own) : prefix_(&prefix), own_(&own), split_(prefix.size()) {
+    if (own.head_dim() != prefix.head_dim() || value_dim_of(own) != value_dim_of(prefix))
+      throw error("joined_kv: own's head_dim " + std::to_string(own.head_dim()) + " and value_dim " +
+                  std::to_string(value_dim_of(own)) + " differ from prefix's (" +
+                  std::to_string(prefix.head_dim()) + ", " + std::to_string(value_dim_of(prefix)) + ")");
+    if (key_scale_of(own) != key_scale_of(prefix) || value_scale_of(own) != value_scale_of(prefix))
+      throw error("joined_kv: own's fp8 scales differ from prefix's");
+  }
+  std::size_t size() const noexcept { return split_ + own_->size(); }
+  std::size_t head_dim() const noexcept { return prefix_->head_dim(); }
+  decltype(auto) key(std::size_t t) const noexcept {
+    return t < split_ ? prefix_->key(t) : own_->key(t - split_);
+  }
+  decltype(auto) value(std::size_t t) const noexcept {
+    return t < split_ ? prefix_->value(t) : own_->value(t - split_);
+  }
+  std::size_t value_dim() const noexcept { return value_dim_of(*prefix_); }
+  bool values_alias_keys() const noexcept {
+    return certattn::values_alias_keys(*prefix_) && certattn::values_alias_keys(*own_);
+  }
+  float key_scale() const noexcept { return key_scale_of(*prefix_); }
+  float value_scale() const noexcept { return value_scale_of(*prefix_); }
+
+ private:
+  const KV* prefix_ = nullptr;
+  const KV* own_ = nullptr;
+  std::size_t split_ = 0;
+};
+
 /// Dense copies of a kv_view's key and value rows ([size][head_dim] each, any layout), as
 /// the matrices the oracles take (exact_attention, reference_attend); a quantized cache's
 /// rows decoded to floats, and both sides as floats (exact) where keys and values are

@@ -72,6 +72,9 @@ struct reference_extras {
   // against sample_budget(), and whether one of them needed the exact pass.
   std::size_t group_spent = 0;
   bool group_exact = false;
+  // The pool ends at this token at the latest (an attend_sequences() call: its index holds
+  // the shared prefix alone, and the tokens after it are read exactly, with the window).
+  std::size_t pool_limit = SIZE_MAX;
 };
 
 /// The certified estimate for query q over all rows of keys/values (token order: oldest
@@ -88,10 +91,12 @@ inline reference_result reference_attend(std::span<const Q> q, matrix_view<T> ke
   detail::check_attention_inputs(q, keys, values);
   validate(opt.variant, 1, "options.variant");
 
-  const std::size_t n = keys.rows, d = keys.cols, dv = values.cols, pool_end = n - opt.effective_window(n);
+  const std::size_t n = keys.rows, d = keys.cols, dv = values.cols;
   // The variant: tokens [first, n) attend, the pool is [first, pool_end).
   const head_variant hv = head_variant_of(opt.variant, 0, n);
   const std::size_t first = hv.first, attended = n - first;
+  const std::size_t pool_end =
+      std::min(n - opt.effective_window(n), std::max(extras.pool_limit, first));
   // The level loop's grid: levels 0..total_levels(), weights relative to c + shift.
   const options grid = shifted_grid(opt);
   const int J = grid.max_levels, r = opt.grid_ratio, top = opt.top_halvings();
@@ -377,6 +382,42 @@ inline std::vector<reference_result> reference_attend_positions(
     std::vector<reference_result> r =
         reference_attend_group(queries.subspan(p * group * d, group * d), group, keys, values,
                                opt, nk_p, extras, level_hints);
+    for (auto& x : r) out.push_back(std::move(x));
+  }
+  return out;
+}
+
+/// The reference of one attend_sequences() call: for each sequence s in order,
+/// reference_attend_group() over views[s] with noise_key::sequence = sequences[s] and the
+/// pool ending at the prefix (reference_extras::pool_limit = prefix_tokens). queries
+/// [sequences][group][head_dim], level_hints empty or [sequences][group]; the results
+/// [sequences][group], flattened.
+template <class Q, kv_view KV>
+inline std::vector<reference_result> reference_attend_sequences(
+    std::span<const Q> queries, std::size_t group, std::span<const KV> views,
+    std::size_t prefix_tokens, const options& opt, const noise_key& nk,
+    std::span<const std::uint64_t> sequences, reference_extras extras = {},
+    std::span<const int> level_hints = {}) {
+  const std::size_t S = views.size();
+  if (S == 0 || sequences.size() != S)
+    throw error("reference_attend_sequences: one id per view expected, got " +
+                std::to_string(sequences.size()) + " for " + std::to_string(S) + " views");
+  const std::size_t d = views[0].head_dim();
+  if (queries.size() != S * group * d)
+    throw error("reference_attend_sequences: queries has " + std::to_string(queries.size()) +
+                " elements, expected sequences * group * head_dim = " + std::to_string(S * group * d));
+  if (!level_hints.empty() && level_hints.size() != S * group)
+    throw error("reference_attend_sequences: level_hints has " + std::to_string(level_hints.size()) +
+                " elements, expected 0 or sequences * group = " + std::to_string(S * group));
+  extras.pool_limit = prefix_tokens;
+  std::vector<reference_result> out;
+  out.reserve(S * group);
+  for (std::size_t s = 0; s < S; ++s) {
+    noise_key nk_s = nk;
+    nk_s.sequence = sequences[s];
+    std::vector<reference_result> r = reference_attend_group(
+        queries.subspan(s * group * d, group * d), group, views[s], opt, nk_s, extras,
+        level_hints.empty() ? level_hints : level_hints.subspan(s * group, group));
     for (auto& x : r) out.push_back(std::move(x));
   }
   return out;

@@ -61,6 +61,15 @@ struct row_access;     // call_context.hpp
 template <kv_view KV>
 struct head_loop;      // level_loop.hpp
 
+/// What a shared-prefix call (attend_sequences()) reads of a sequence's rows after the
+/// index's tokens, which the index does not describe: max |k| and the largest finite
+/// ||v - g|| (g the index's value centre), with whether a distance overflowed float.
+struct tail_rows {
+  float key_abs_max = 0.0f;
+  float value_distance_max = 0.0f;
+  bool value_overflow = false;
+};
+
 /// Largest max(1, softmax_scale) * ||q||_1 * max|k| a certified call accepts: the float
 /// score bounds keep a margin of 2^28 below FLT_MAX (real scores are below 2^10).
 inline constexpr double kMaxScoreMagnitude = 0x1p100;
@@ -179,6 +188,7 @@ class attend_workspace {
     exact_l_.assign(group, 0.0f);
     exact_slopes_.assign(group, 0.0f);
     exact_float_.assign(group, 0);
+    tails_.assign(group, {});
     head_levels_.assign(group, -1);
     exact_rounding_.assign(group, {});
   }
@@ -284,6 +294,7 @@ class attend_workspace {
   std::vector<float> exact_m_, exact_l_;    // [group] the dense pass's softmax states
   std::vector<float> exact_slopes_;         // [group] their position-bias slopes
   std::vector<std::uint8_t> exact_float_;   // [group] 1: the head joins the float pass
+  std::vector<detail::tail_rows> tails_;    // [group] a shared-prefix call's sequences' tails
   std::vector<int> head_levels_;            // [group] stopping levels (group_history)
   std::vector<exact_rounding> exact_rounding_;  // [group] the exact answers' rounding
   bool record_ = false;

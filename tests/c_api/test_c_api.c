@@ -406,6 +406,85 @@ static void test_positions(void) {
   certattn_index_destroy(idx);
 }
 
+/* Three sequences that share the cache's first N - 300 tokens (views of 0, 100 and 300 own
+ * tokens over one storage) in one call: each answer within its certificate of exact
+ * attention over its own tokens; the sequence without own tokens is certattn_attend_group()
+ * with its id as key.sequence, bit for bit (its certificates but for their share of the
+ * scan's bytes); the dense baseline agrees with the dense kernel
+ * over each sequence; bad input names the argument. */
+static void test_sequences(void) {
+  enum { S = 3, PREFIX = N - 300 };
+  certattn_index* idx = NULL;
+  certattn_workspace* ws = NULL;
+  certattn_history* hists[S] = {NULL, NULL, NULL};
+  certattn_history* saved = NULL;
+  certattn_options o;
+  certattn_noise_key key = {5, 1, 0, 0};
+  const uint64_t ids[S] = {11, 12, 13}, same[S] = {11, 11, 13};
+  certattn_cache caches[S], mixed[S];
+  static float q[S * G * D], out[S * G * D], dense[S * G * D], one[G * D];
+  certattn_certificate certs[S * G], one_certs[G];
+  certattn_group_stats stats;
+  size_t s, g;
+  caches[0] = strided_cache(PREFIX);
+  caches[1] = strided_cache(PREFIX + 100);
+  caches[2] = strided_cache(N);
+  for (s = 0; s < S; ++s) memcpy(&q[s * G * D], g_queries, sizeof g_queries);
+  CHECK_OK(certattn_options_default(&o));
+  o.delta = 1e-9;
+  CHECK_OK(certattn_index_create(D, &idx));
+  CHECK_OK(certattn_index_build(idx, &caches[0]));
+  CHECK_OK(certattn_workspace_create(S * G, D, N, &ws));
+  for (s = 0; s < S; ++s) CHECK_OK(certattn_history_create(G, &hists[s]));
+
+  CHECK_OK(certattn_attend_sequences(q, S, G, caches, idx, &key, ids, &o, out, certs, ws, NULL));
+  CHECK_OK(certattn_workspace_last_stats(ws, &stats));
+  CHECK(stats.bound_violations == 0 && stats.bytes_read > 0);
+  for (s = 0; s < S; ++s) check_against_exact(&caches[s], &out[s * G * D], &certs[s * G], &o);
+  /* The sequence without own tokens is the group call with its id. */
+  key.sequence = ids[0];
+  CHECK_OK(certattn_attend_group(g_queries, G, &caches[0], idx, &key, &o, one, one_certs, ws, NULL));
+  key.sequence = 0;
+  CHECK(memcmp(one, out, sizeof one) == 0);
+  for (g = 0; g < G; ++g) { /* all but bytes_read: the shared scan's bytes are split over every sequence */
+    one_certs[g].bytes_read = certs[g].bytes_read;
+    CHECK(memcmp(&one_certs[g], &certs[g], sizeof one_certs[g]) == 0);
+  }
+  /* With each sequence's history, over a few steps. */
+  for (key.step = 6; key.step <= 9; ++key.step) {
+    CHECK_OK(certattn_attend_sequences(q, S, G, caches, idx, &key, ids, &o, out, certs, ws, hists));
+    for (s = 0; s < S; ++s) check_against_exact(&caches[s], &out[s * G * D], &certs[s * G], &o);
+  }
+
+  /* The dense baseline against the dense kernel over each sequence. */
+  CHECK_OK(certattn_dense_attend_sequences(q, S, G, caches, PREFIX, 0.0f, NULL, dense, ws));
+  for (s = 0; s < S; ++s) {
+    CHECK_OK(certattn_dense_attend(g_queries, G, &caches[s], 0.0f, one, ws));
+    for (g = 0; g < G * D; ++g) CHECK(fabs(one[g] - dense[s * G * D + g]) <= 1e-4);
+  }
+
+  /* Bad input names the argument. */
+  CHECK_FAILS(certattn_attend_sequences(q, S, G, caches, idx, &key, same, &o, out, certs, ws, NULL),
+              CERTATTN_EINVAL, "sequences: ids 0 and 1 are equal");
+  CHECK_FAILS(certattn_attend_sequences(q, 4, G, caches, idx, &key, ids, &o, out, certs, ws, NULL),
+              CERTATTN_EINVAL, "sequences * group = 16 must lie in [1, 12]");
+  mixed[0] = caches[0];
+  mixed[1] = paged_cache(PREFIX + 100);
+  mixed[2] = caches[2];
+  CHECK_FAILS(certattn_attend_sequences(q, S, G, mixed, idx, &key, ids, &o, out, certs, ws, NULL),
+              CERTATTN_EINVAL, "caches[1]: its dtype, value_dtype or layout differs from caches[0]'s");
+  saved = hists[1];
+  hists[1] = NULL;
+  CHECK_FAILS(certattn_attend_sequences(q, S, G, caches, idx, &key, ids, &o, out, certs, ws, hists),
+              CERTATTN_EINVAL, "histories[1] is NULL");
+  hists[1] = saved;
+  CHECK_FAILS(certattn_dense_attend_sequences(q, S, G, caches, N, 0.0f, NULL, dense, ws), CERTATTN_EINVAL,
+              "prefix_tokens (3000) exceeds views[0].size() (2700)");
+  for (s = 0; s < S; ++s) certattn_history_destroy(hists[s]);
+  certattn_workspace_destroy(ws);
+  certattn_index_destroy(idx);
+}
+
 static void test_bad_input(void) {
   certattn_index* idx = NULL;
   certattn_workspace* ws = NULL;
@@ -626,6 +705,7 @@ int main(void) {
   make_cache();
   test_calls();
   test_positions();
+  test_sequences();
   test_bad_input();
   if (g_failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);

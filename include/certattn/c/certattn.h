@@ -364,6 +364,44 @@ CERTATTN_C_EXPORT int certattn_attend_positions(const float* queries, size_t pos
                                                 certattn_workspace* workspace,
                                                 certattn_history* history);
 
+/* Several sequences that share a prefix, in one call for one KV head
+ * (certattn::attend_sequences: parallel samples of one prompt, beam search): caches
+ * [sequences], one per sequence, all of one dtype, value_dtype and layout, whose first
+ * prefix tokens are the ones prefix_index holds (built once from any of them; never
+ * appended to). sequence_ids [sequences], all different: sequence s draws the
+ * perturbations of key with key->sequence replaced by sequence_ids[s]. queries
+ * [sequences][group][head_dim], out [sequences][group][value_dim], certs
+ * [sequences][group]; the workspace created for a group of at least sequences * group.
+ * histories: NULL, or [sequences] each sequence's own history for this (layer, KV head),
+ * all different. Sequence s's answer and certificate are those of the call over its cache
+ * with the pool ending at the prefix: its own tokens after the prefix are read exactly,
+ * with the window; the prefix's index is scanned once for all sequences. Allocates nothing
+ * after a first call of its cache format on the calling thread. */
+CERTATTN_C_EXPORT int certattn_attend_sequences(const float* queries, size_t sequences,
+                                                size_t group, const certattn_cache* caches,
+                                                const certattn_index* prefix_index,
+                                                const certattn_noise_key* key,
+                                                const uint64_t* sequence_ids,
+                                                const certattn_options* options, float* out,
+                                                certattn_certificate* certs,
+                                                certattn_workspace* workspace,
+                                                certattn_history* const* histories);
+
+/* Exact attention of several sequences that share a prefix of prefix_tokens tokens
+ * (certattn::dense_attend_sequences, certattn_attend_sequences()'s baseline): one pass over
+ * the prefix for all sequences * group queries, then each sequence's own tokens. caches,
+ * queries and out as certattn_attend_sequences()'s; variant as
+ * certattn_dense_attend_variant()'s (NULL: plain), applied to every sequence. The
+ * workspace created for a group of at least sequences * group. */
+CERTATTN_C_EXPORT int certattn_dense_attend_sequences(const float* queries, size_t sequences,
+                                                      size_t group,
+                                                      const certattn_cache* caches,
+                                                      size_t prefix_tokens,
+                                                      float softmax_scale,
+                                                      const certattn_variant* variant,
+                                                      float* out,
+                                                      certattn_workspace* workspace);
+
 /* Exact attention (the dense kernel, float accumulation) of `group` queries
  * [group][head_dim] over every token of the cache; out [group][value_dim]. softmax_scale 0
  * means 1/sqrt(head_dim). Uses the workspace's dense scratch; allocates nothing. */
