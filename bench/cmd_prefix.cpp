@@ -6,7 +6,8 @@
 // once for all of them and reads each sequence's own tokens exactly. Both are timed
 // alternately on the same paged cache (each sequence's block table lists the prefix's
 // pages, then its own), threads and queries; every (KV head, sequence) keeps its
-// group_history over the steps.
+// group_history over the steps. The same sequences are also timed as separate attend_group()
+// calls over indexes of their own (the prefix's copied, then appended): what one scan saves.
 #include "bench_common.hpp"
 #include "commands.hpp"
 #include "report.hpp"
@@ -32,6 +33,9 @@ struct prefix_row : run_point {
   std::size_t sequences = 1, own_tokens = 0, reps = 0;
   routing route = routing::kAuto;
   double dense_ms = 0, certified_ms = 0, speedup = 0;
+  // The same sequences as separate attend_group() calls, each over its own index (a copy
+  // of the prefix's with its own tokens appended): what the shared scan saves.
+  double separate_ms = 0, separate_ratio = 0;
   double keys_read_per_head = 0, bytes_read_frac = 0, certified_frac = 0, routed_frac = 0;
   double refined_per_call = 0;  // per KV head and step, all sequences
 };
@@ -46,6 +50,8 @@ record to_record(const prefix_row& r) {
       {"dense_ms", r.dense_ms},
       {"certified_ms", r.certified_ms},
       {"speedup", r.speedup},
+      {"separate_ms", r.separate_ms},
+      {"separate_over_shared", r.separate_ratio},
       {"keys_read_per_head", r.keys_read_per_head},
       {"bytes_read_frac", r.bytes_read_frac},
       {"certified_frac", r.certified_frac},
@@ -74,29 +80,32 @@ std::vector<std::vector<std::int32_t>> sequence_tables(const layer_cache& lc, st
 /// `steps` decoding steps of S sequences over one layer, dense then certified in each.
 template <class View>
 prefix_row run_steps(const layer_cache& lc, const std::vector<std::vector<View>>& views,
-                     const std::vector<key_index>& idx, const std::vector<float>& queries, std::size_t S,
+                     const std::vector<key_index>& idx, const std::vector<std::vector<key_index>>& own_idx,
+                     const std::vector<float>& queries, std::size_t S,
                      std::size_t G, const options& opt, const layer_variant& variant, std::size_t warmup,
                      std::size_t steps, thread_pool& pool, const cache_flusher& flush, progress& prog,
                      double units_per_step) {
   const std::size_t H = lc.heads(), d = lc.head_dim(), SG = S * G, prefix = idx[0].size();
   std::vector<float> out_dense(H * SG * d), out_cert(H * SG * d);
-  std::vector<certificate> certs(H * SG);
-  std::vector<attend_workspace> aws;
+  std::vector<certificate> certs(H * SG), separate_certs(H * SG);
+  std::vector<float> out_separate(H * SG * d);
+  std::vector<attend_workspace> aws, one_ws;
   std::vector<dense_workspace> dws;
   std::size_t max_tokens = 0;
   for (const View& v : views[0]) max_tokens = std::max(max_tokens, v.size());
   for (std::size_t w = 0; w < pool.size(); ++w) {
     aws.emplace_back(SG, d, max_tokens);
+    one_ws.emplace_back(G, d, max_tokens);
     dws.emplace_back(SG, d);
   }
-  std::vector<group_history> histories(H * S, group_history(G));
+  std::vector<group_history> histories(H * S, group_history(G)), separate_histories(H * S, group_history(G));
   std::vector<group_history*> history_ptrs(H * S);
   for (std::size_t i = 0; i < H * S; ++i) history_ptrs[i] = &histories[i];
   std::vector<std::uint64_t> ids(S);
   for (std::size_t s = 0; s < S; ++s) ids[s] = s + 1;
   std::vector<group_stats> stats(H);
   const float scale = float(opt.effective_softmax_scale(d));
-  std::vector<double> dense_s, cert_s, ratio;
+  std::vector<double> dense_s, cert_s, ratio, separate_s, separate_ratio;
   double keys = 0, bytes = 0, dense_bytes = 0, certified = 0, routed = 0, refined = 0;
   for (std::size_t step = 0; step < steps; ++step) {
     const std::span<const float> q(queries.data() + step * H * SG * d, H * SG * d);
@@ -120,11 +129,26 @@ prefix_row run_steps(const layer_cache& lc, const std::vector<std::vector<View>>
       stats[h] = aws[w].last_stats();
     });
     const double cert = seconds_since(t0);
+    flush();
+    t0 = bench_clock::now();
+    pool.parallel_for(H, [&](std::size_t h, std::size_t w) {
+      options head_opt = opt;
+      head_opt.variant = variant.head(h);
+      for (std::size_t s = 0; s < S; ++s)
+        attend_group(q.subspan((h * S + s) * G * d, G * d), G, views[h][s], own_idx[h][s],
+                     noise_key{std::uint64_t(step), 0, std::uint32_t(h), ids[s]}, head_opt,
+                     std::span<float>(out_separate.data() + (h * S + s) * G * d, G * d),
+                     std::span<certificate>(separate_certs.data() + (h * S + s) * G, G), one_ws[w],
+                     separate_histories[h * S + s]);
+    });
+    const double separate = seconds_since(t0);
     prog.advance(units_per_step);
     if (step < warmup) continue;
     dense_s.push_back(dense);
     cert_s.push_back(cert);
     ratio.push_back(dense / cert);
+    separate_s.push_back(separate);
+    separate_ratio.push_back(separate / cert);
     for (const group_stats& st : stats) {
       keys += double(st.keys_read);
       bytes += double(st.bytes_read);
@@ -140,6 +164,8 @@ prefix_row run_steps(const layer_cache& lc, const std::vector<std::vector<View>>
   row.dense_ms = 1e3 * median(dense_s);
   row.certified_ms = 1e3 * median(cert_s);
   row.speedup = median(ratio);
+  row.separate_ms = 1e3 * median(separate_s);
+  row.separate_ratio = median(separate_ratio);
   row.keys_read_per_head = keys / heads;
   row.bytes_read_frac = bytes / dense_bytes;
   row.certified_frac = certified / heads;
@@ -150,12 +176,14 @@ prefix_row run_steps(const layer_cache& lc, const std::vector<std::vector<View>>
 
 void report(const prefix_flags& f, const std::vector<prefix_row>& rows) {
   text_table table({"context", "own", "thr", "<routing", "seqs", "dense ms", "cert ms", "speedup", "ms/seq",
+                    "separate ms", "sep/cert",
                     "keys/head", "bytes %", "cert %", "routed %", "refined/call"});
   for (const prefix_row& r : rows)
     table.add_row({format_count(r.context), std::to_string(r.own_tokens), std::to_string(r.threads),
                    std::string(to_string(r.route)), std::to_string(r.sequences), strf("%.2f", r.dense_ms),
                    strf("%.2f", r.certified_ms), strf("%.2fx", r.speedup),
-                   strf("%.2f", r.certified_ms / double(r.sequences)), strf("%.0f", r.keys_read_per_head),
+                   strf("%.2f", r.certified_ms / double(r.sequences)), strf("%.2f", r.separate_ms),
+                   strf("%.2fx", r.separate_ratio), strf("%.0f", r.keys_read_per_head),
                    strf("%.1f%%", 100.0 * r.bytes_read_frac), strf("%.1f%%", 100.0 * r.certified_frac),
                    strf("%.1f%%", 100.0 * r.routed_frac), strf("%.0f", r.refined_per_call)});
   std::printf("\n");
@@ -164,8 +192,10 @@ void report(const prefix_flags& f, const std::vector<prefix_row>& rows) {
       "\ncontext = the shared prefix's tokens; own = each sequence's own tokens after it; seqs = sequences per call.\n"
       "dense = dense_attend_sequences() (the prefix read once for all sequences), cert = attend_sequences() (the\n"
       "prefix's index scanned once, each sequence's own tokens read exactly); one layer, all KV heads, median over\n"
-      "%zu steps after %zu warm-up; speedup = median of per-step dense/cert. keys/head per query head; bytes =\n"
-      "certified bytes / dense bytes; refined/call = 8-bit refinements per KV head and step, all sequences.\n",
+      "%zu steps after %zu warm-up; speedup = median of per-step dense/cert. separate = the same sequences as\n"
+      "attend_group() calls, each over its own index (the prefix's copied, its tokens appended); sep/cert = median\n"
+      "of per-step separate/cert. keys/head per query head; bytes = certified bytes / dense bytes; refined/call =\n"
+      "8-bit refinements per KV head and step, all sequences.\n",
       f.reps, f.warmup);
   std::vector<record> recs;
   for (const prefix_row& r : rows) recs.push_back(to_record(r));
@@ -245,6 +275,14 @@ void run_prefix(const prefix_flags& f) {
         for (std::size_t h = 0; h < H; ++h)
           for (std::size_t s = 0; s < S; ++s) views[h].push_back(lc.paged<half>(h, tables[s], n + own));
         const std::vector<float> queries = make_step_queries(cache, S * G, steps);
+        // The separate calls' indexes: the prefix's copied per sequence, its tokens appended.
+        std::vector<std::vector<key_index>> own_idx(H);
+        P.largest().parallel_for(H, [&](std::size_t h, std::size_t) {
+          for (std::size_t s = 0; s < S; ++s) {
+            own_idx[h].push_back(idx[h]);
+            own_idx[h].back().append_range(views[h][s], n, own);
+          }
+        });
         for (std::size_t t : g.threads)
           for (routing route : routings) {
             prog.set_stage(ctx + " " + std::to_string(S) + " sequences " + std::to_string(t) + "T " +
@@ -255,7 +293,7 @@ void run_prefix(const prefix_flags& f) {
             opt.seed = f.seed;
             opt.route = route;
             opt.softmax_scale = f.softmax_scale;
-            prefix_row row = run_steps(lc, views, idx, queries, S, G, opt, variant, f.warmup, steps, P.get(t), flush,
+            prefix_row row = run_steps(lc, views, idx, own_idx, queries, S, G, opt, variant, f.warmup, steps, P.get(t), flush,
                                        prog, double((n + S * own) * H));
             static_cast<run_point&>(row) = {n, H, G, d, t, layout_kind::kPaged, regime, opt.epsilon, opt.delta};
             row.sequences = S;
