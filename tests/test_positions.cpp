@@ -385,6 +385,33 @@ TEST(Positions, RoutedCallReadsTheSharedTokensOnce) {
   EXPECT_GT(certified, heads / 2);
 }
 
+/// The causal dense kernel with ALiBi and sinks: each position's scores carry the bias
+/// relative to its own token, so its sink's weight against the keys' differs from the
+/// newest position's by slope (n - n_p). Large slopes and a sink that holds much of the
+/// weight make that shift visible: each position equals dense_attend() over its prefix.
+TEST(Positions, DenseKernelShiftsEachPositionsSink) {
+  const std::size_t n = 1500, d = 64, G = 2, Q = 8;
+  const synthetic::kv_cache src = one_head_source(n, d, 5);
+  const auto cache = test::make_layout_cache<half>(src, layout_kind::kHnd);
+  const auto kv = cache.strided(0);
+  const std::vector<float> slopes{0.25f, 0.5f}, sinks{6.0f, 4.0f};
+  attention_variant v;
+  v.alibi_slopes = slopes;
+  v.sinks = sinks;
+  const std::vector<float> q = synthetic::make_queries(src, 0, Q * G, 4);
+  std::vector<float> out(Q * G * d), one(G * d);
+  dense_workspace ws(Q * G, d), ws1(G, d);
+  const float scale = float(1.0 / std::sqrt(double(d)));
+  dense_attend_positions(std::span<const float>(q), Q, G, kv, scale, std::span<float>(out), ws, v);
+  for (std::size_t p = 0; p < Q; ++p) {
+    dense_attend(std::span<const float>(q.data() + p * G * d, G * d), G, kv.prefix(n - Q + 1 + p), scale,
+                 std::span<float>(one), ws1, 0, SIZE_MAX, v);
+    for (std::size_t i = 0; i < G * d; ++i)
+      ASSERT_NEAR(out[p * G * d + i], one[i], 1e-4 * (1.0 + std::fabs(one[i])))
+          << "position " << p << " element " << i;
+  }
+}
+
 // The routed call of several positions on values that nearly cancel (pairs of identical
 // keys with values +A x and -A x plus a small offset: ||o|| / M about 2e-8), on the
 // output-norm scale: the float pass's error is far above epsilon ||o||, so a certified

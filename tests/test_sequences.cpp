@@ -413,6 +413,34 @@ TEST(Sequences, ExactAnswersBoundTheOwnTokensKeys) {
   }
 }
 
+/// The dense baseline with ALiBi and sinks: each sequence's bias is relative to its own
+/// newest token, so its sink's weight against the keys' differs from views[0]'s by slope
+/// (n0 - n_s). Large slopes and heavy sinks make that visible: each sequence equals
+/// dense_attend() over its view.
+TEST(Sequences, DenseBaselineShiftsEachSequencesSink) {
+  const std::size_t d = 64, G = 2, P = 1024;
+  const std::vector<std::size_t> tails{0, 200, 48};
+  const synthetic::kv_cache src = make_source(P, tails, d, synthetic::regime::kMixed, 31);
+  const shared_prefix_cache<half> sp(src, P, tails);
+  const std::vector<float> slopes{0.02f, 0.05f}, sinks{6.0f, 4.0f};
+  attention_variant v;
+  v.alibi_slopes = slopes;
+  v.sinks = sinks;
+  const std::vector<float> q = synthetic::make_queries(src, 0, 3 * G, 6);
+  std::vector<float> out(3 * G * d), one(G * d);
+  dense_workspace ws(3 * G, d), ws1(G, d);
+  const float scale = float(1.0 / std::sqrt(double(d)));
+  dense_attend_sequences(std::span<const float>(q), G, std::span<const paged_kv<half>>(sp.views), P, scale,
+                         std::span<float>(out), ws, v);
+  for (std::size_t s = 0; s < 3; ++s) {
+    dense_attend(std::span<const float>(q.data() + s * G * d, G * d), G, sp.views[s], scale,
+                 std::span<float>(one), ws1, 0, SIZE_MAX, v);
+    for (std::size_t i = 0; i < G * d; ++i)
+      ASSERT_NEAR(out[s * G * d + i], one[i], 1e-4 * (1.0 + std::fabs(one[i])))
+          << "sequence " << s << " element " << i;
+  }
+}
+
 TEST(Sequences, BadInputNamesTheArgument) {
   const std::size_t d = 64, G = 2, P = 512;
   const std::vector<std::size_t> tails{16, 32};

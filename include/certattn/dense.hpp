@@ -482,8 +482,13 @@ void dense_attend_positions(std::span<const float> queries, std::size_t position
     for (std::size_t t = first_p; t < std::min(begin, n_p); ++t) join(p, t);
     for (std::size_t t = std::max(begin, shared_end); t < n_p; ++t) join(p, t);
   }
-  for (std::size_t r = 0; r < rows && !variant.sinks.empty(); ++r)
-    l[r] += std::exp(variant.sinks[r % G] - m[r]);
+  // Position p's scores are the pass's plus slope (n - n_p): only its sink sees the shift.
+  for (std::size_t r = 0; r < rows && !variant.sinks.empty(); ++r) {
+    const std::size_t g = r % G, n_p = shared_end + r / G;
+    const double shift =
+        variant.alibi_slopes.empty() ? 0.0 : double(variant.alibi_slopes[g]) * double(n - n_p);
+    l[r] = float(double(l[r]) + std::exp(double(variant.sinks[g]) - (double(m[r]) + shift)));
+  }
   detail::dense_normalise(out.data(), l.data(), rows, dv, out.data());
 }
 
