@@ -168,6 +168,8 @@ void check_sequences_call(std::span<const float> queries, std::size_t group,
         throw error("kv: head_dim " + std::to_string(kv.head_dim()) + " and value_dim " +
                     std::to_string(value_dim_of(kv)) + " differ from views[0]'s (" +
                     std::to_string(d) + ", " + std::to_string(dv) + ")");
+      // The shapes first (the own rows are decoded into the workspace's rows), then the
+      // score magnitudes again with the own rows' keys.
       const tail_rows none;
       check_attend_call(queries.subspan(s * group * d, group * d), group, kv, idx, opt,
                         out.subspan(s * group * dv, group * dv), certs.subspan(s * group, group),
@@ -273,7 +275,8 @@ void attend_positions(std::span<const float> queries, std::size_t positions, std
 ///   nothing to it); queries [sequences][group][head_dim], out [sequences][group]
 ///   [value_dim], certs [sequences][group]; ws sized for views.size() * group heads.
 ///   sequences: one id per view, all different: sequence s draws the perturbations of
-///   nk with noise_key::sequence = sequences[s].
+///   nk with noise_key::sequence = sequences[s]. views is a span of one view type,
+///   spelled out where it comes from a container: std::span<const paged_kv<half>>(v).
 /// Sequence s's answer and certificate are those attend_group() gives over views[s] with
 /// that noise key and an index over its prefix alone: its pool is the prefix's tokens
 /// before its window, and every token after the prefix (its own) is read exactly with the

@@ -75,8 +75,8 @@ struct call_context {
   sampling_design design;             // how light keys are sampled (certificate.hpp)
   const float* dist = nullptr;        // the index's ||v_t - g|| bounds, per token
   // Over every token the call reads (the index's, and a shared-prefix call's tail rows,
-  // attend_sequences()): max |k|, which the rounding bounds scale with, and max ||v - g||
-  // over the finite distances, with whether any distance overflowed float.
+  // attend_sequences()): max |k|, which the rounding bounds scale with, and an upper bound
+  // of max ||v - g|| over the finite distances, with whether any distance overflowed.
   double key_abs_max = 0.0;
   double value_distance_max = 0.0;
   bool value_overflow = false;

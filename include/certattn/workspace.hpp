@@ -62,8 +62,8 @@ template <kv_view KV>
 struct head_loop;      // level_loop.hpp
 
 /// What a shared-prefix call (attend_sequences()) reads of a sequence's rows after the
-/// index's tokens, which the index does not describe: max |k| and the largest finite
-/// ||v - g|| (g the index's value centre), with whether a distance overflowed float.
+/// index's tokens, which the index does not describe: max |k| and an upper bound of the
+/// largest finite ||v - g|| (g the index's value centre), with whether one overflowed.
 struct tail_rows {
   float key_abs_max = 0.0f;
   float value_distance_max = 0.0f;
