@@ -168,12 +168,14 @@ void check_sequences_call(std::span<const float> queries, std::size_t group,
         throw error("kv: head_dim " + std::to_string(kv.head_dim()) + " and value_dim " +
                     std::to_string(value_dim_of(kv)) + " differ from views[0]'s (" +
                     std::to_string(d) + ", " + std::to_string(dv) + ")");
-      // The shapes first (the own rows are decoded into the workspace's rows), then the
-      // score magnitudes again with the own rows' keys.
+      // The own rows are decoded into the workspace's rows and compared with the index's
+      // value centre: shapes that do not fit make check_attend_call() throw, naming them,
+      // before any row is read; otherwise it runs once, with the own rows' keys.
       const tail_rows none;
-      check_attend_call(queries.subspan(s * group * d, group * d), group, kv, idx, opt,
-                        out.subspan(s * group * dv, group * dv), certs.subspan(s * group, group),
-                        ws, hints, 1, &none);
+      if (d != ws.head_dim() || dv > ws.value_dim() || idx.value_dim() != dv)
+        check_attend_call(queries.subspan(s * group * d, group * d), group, kv, idx, opt,
+                          out.subspan(s * group * dv, group * dv), certs.subspan(s * group, group),
+                          ws, hints, 1, &none);
       const tail_rows tail = attend_stages::read_tail_rows(kv, idx, ws, s);
       check_attend_call(queries.subspan(s * group * d, group * d), group, kv, idx, opt,
                         out.subspan(s * group * dv, group * dv), certs.subspan(s * group, group),

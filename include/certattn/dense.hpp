@@ -408,6 +408,38 @@ void dense_attend(std::span<const float> queries, std::size_t group, const KV& k
   detail::dense_normalise(out.data(), l.data(), group, dv, out.data());
 }
 
+namespace detail {
+/// Token t of kv joined in double to the softmax states (m, l, out: [rows][value_dim]) of
+/// rows r0 .. r0 + group of a shared dense pass, from the scaled queries it left in the
+/// workspace (qs, q_stride apart): the score in double, the variant's soft-cap, and its
+/// position bias relative to token `newest`, as the pass's. A quantized row is decoded into
+/// key_buf / value_buf. The multi-position and shared-prefix baselines join their own
+/// tokens with it.
+template <kv_view KV>
+void join_token_double(const KV& kv, std::size_t t, std::size_t r0, std::size_t group,
+                       const float* qs, std::size_t q_stride, const attention_variant& variant,
+                       std::size_t newest, std::span<float> m, std::span<float> l,
+                       std::span<float> out, float* key_buf, float* value_buf) {
+  const std::size_t d = kv.head_dim(), dv = value_dim_of(kv);
+  const auto* k = key_row(kv, t, key_buf);
+  const auto* v = value_row(kv, t, value_buf);
+  for (std::size_t g = 0; g < group; ++g) {
+    const std::size_t r = r0 + g;
+    double s = 0.0;
+    for (std::size_t i = 0; i < d; ++i) s += double(qs[r * q_stride + i]) * to_double(k[i]);
+    if (variant.logit_softcap > 0.0) s = variant.logit_softcap * std::tanh(s / variant.logit_softcap);
+    if (!variant.alibi_slopes.empty())
+      s += double(variant.alibi_slopes[g]) * (double(t) - double(newest));
+    const double m_new = std::max(double(m[r]), s);
+    const double keep = std::exp(double(m[r]) - m_new), w = std::exp(s - m_new);
+    l[r] = float(double(l[r]) * keep + w);
+    float* o = out.data() + r * dv;
+    for (std::size_t i = 0; i < dv; ++i) o[i] = float(double(o[i]) * keep + w * to_double(v[i]));
+    m[r] = float(m_new);
+  }
+}
+}  // namespace detail
+
 /// Exact attention of several query positions of one KV head, causally: position p
 /// (0 <= p < positions) is the query of token n - positions + p (n = kv.size()) and attends
 /// the tokens up to its own (speculative verification's shape; attend_positions()'s
@@ -460,22 +492,7 @@ void dense_attend_positions(std::span<const float> queries, std::size_t position
   float* key_buf = A::key_tile(ws);
   float* value_buf = A::value_tile(ws);
   auto join = [&](std::size_t p, std::size_t t) {
-    const auto* k = detail::key_row(kv, t, key_buf);
-    const auto* v = detail::value_row(kv, t, value_buf);
-    for (std::size_t g = 0; g < G; ++g) {
-      const std::size_t r = p * G + g;
-      double s = 0.0;
-      for (std::size_t i = 0; i < d; ++i) s += double(qs[r * q_stride + i]) * to_double(k[i]);
-      if (variant.logit_softcap > 0.0) s = variant.logit_softcap * std::tanh(s / variant.logit_softcap);
-      if (!variant.alibi_slopes.empty())
-        s += double(variant.alibi_slopes[g]) * (double(t) - double(n - 1));
-      const double m_new = std::max(double(m[r]), s);
-      const double keep = std::exp(double(m[r]) - m_new), w = std::exp(s - m_new);
-      l[r] = float(double(l[r]) * keep + w);
-      float* o = out.data() + r * dv;
-      for (std::size_t i = 0; i < dv; ++i) o[i] = float(double(o[i]) * keep + w * to_double(v[i]));
-      m[r] = float(m_new);
-    }
+    detail::join_token_double(kv, t, p * G, G, qs, q_stride, variant, n - 1, m, l, out, key_buf, value_buf);
   };
   for (std::size_t p = 0; p < Q; ++p) {
     const std::size_t n_p = shared_end + p, first_p = variant.first_token(n_p);
@@ -551,22 +568,7 @@ void dense_attend_sequences(std::span<const float> queries, std::size_t group,
   float* key_buf = A::key_tile(ws);
   float* value_buf = A::value_tile(ws);
   auto join = [&](const KV& kv, std::size_t s, std::size_t t) {
-    const auto* k = detail::key_row(kv, t, key_buf);
-    const auto* v = detail::value_row(kv, t, value_buf);
-    for (std::size_t g = 0; g < G; ++g) {
-      const std::size_t r = s * G + g;
-      double x = 0.0;
-      for (std::size_t i = 0; i < d; ++i) x += double(qs[r * q_stride + i]) * to_double(k[i]);
-      if (variant.logit_softcap > 0.0) x = variant.logit_softcap * std::tanh(x / variant.logit_softcap);
-      if (!variant.alibi_slopes.empty())
-        x += double(variant.alibi_slopes[g]) * (double(t) - double(n0 - 1));
-      const double m_new = std::max(double(m[r]), x);
-      const double keep = std::exp(double(m[r]) - m_new), w = std::exp(x - m_new);
-      l[r] = float(double(l[r]) * keep + w);
-      float* o = out.data() + r * dv;
-      for (std::size_t i = 0; i < dv; ++i) o[i] = float(double(o[i]) * keep + w * to_double(v[i]));
-      m[r] = float(m_new);
-    }
+    detail::join_token_double(kv, t, s * G, G, qs, q_stride, variant, n0 - 1, m, l, out, key_buf, value_buf);
   };
   for (std::size_t s = 0; s < S; ++s) {
     const std::size_t n_s = views[s].size(), first_s = variant.first_token(n_s);
