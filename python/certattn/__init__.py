@@ -24,7 +24,8 @@ import numpy as np
 from . import _core
 
 __all__ = [
-    "KeyIndex", "attend", "dense_attend", "exact_attention", "reference_attend", "audit",
+    "KeyIndex", "attend", "dense_attend", "exact_attention", "reference_attend", "attend_sequences",
+    "dense_attend_sequences", "reference_attend_sequences", "audit",
     "AuditReport", "CERTIFICATE_DTYPE", "EXACT_DTYPE", "ANSWER_PATHS", "DEFAULT_COST", "path_names",
     "active_isa", "quantize", "BLOCK_Q8_0", "BLOCK_Q4_0", "FP8_E4M3", "FP8_E5M2",
 ]
@@ -278,12 +279,16 @@ def _position_queries(q: np.ndarray, k: np.ndarray, positions: int) -> tuple[np.
     return np.ascontiguousarray(q4.reshape(q4.shape[0], -1, q4.shape[-1])), parts[0][1]
 
 
+def _stacked_result(x: np.ndarray, count: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A result [kv_heads, count * group, ...] in the caller's layout: [count, *shape]."""
+    x = x.reshape((x.shape[0], count, -1) + x.shape[2:]).swapaxes(0, 1)
+    return np.ascontiguousarray(x).reshape((count,) + shape)
+
+
 def _position_result(x: np.ndarray, positions: int, shape: tuple[int, ...]) -> np.ndarray:
-    """A result [kv_heads, positions * group, ...] in the caller's layout: [positions, *shape]."""
-    if positions == 1:
-        return x.reshape(shape)
-    x = x.reshape((x.shape[0], positions, -1) + x.shape[2:]).swapaxes(0, 1)
-    return np.ascontiguousarray(x).reshape((positions,) + shape)
+    """A result [kv_heads, positions * group, ...] in the caller's layout: [positions, *shape]
+    (shape itself for one position)."""
+    return x.reshape(shape) if positions == 1 else _stacked_result(x, positions, shape)
 
 
 def _like(x: np.ndarray, template: Any):
@@ -498,6 +503,134 @@ def reference_attend(q, k, v, index: KeyIndex | None = None, *, eps: float = 0.1
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
                                       _count(sequence, "sequence"), hints, history, variant, _kv_scales(kv_scales))
     return o.reshape(shape[:-1] + o.shape[-1:]), certs.reshape(shape[:-1])
+
+
+# --- shared prefixes -----------------------------------------------------------------------
+
+def _sequence_args(q, k, v, own_k, own_v):
+    """The prefix cache, each sequence's own tokens (as lists of arrays), q stacked as
+    [kv_heads, sequences * group, d] and the shape of one sequence's result."""
+    kc, vc = _cache(k, "k"), _cache(v, "v")
+
+    def tails(x, name):
+        if isinstance(x, (list, tuple)):
+            return [_cache(t, f"{name}[{s}]") for s, t in enumerate(x)]
+        x = _cache(x, name)  # one array with a leading axis of sequences
+        if x.ndim != kc.ndim + 1:
+            raise ValueError(f"{name}: expected a list of caches shaped like k, or an array [sequences, *k.shape] "
+                             f"with the sequences' own token counts, got {x.ndim} dimensions")
+        return list(x)
+
+    ok, ov = tails(own_k, "own_k"), tails(own_v, "own_v")
+    S = len(ok)
+    if S == 0 or len(ov) != S:
+        raise ValueError(f"own_k and own_v must hold the same number (>= 1) of sequences, got {len(ok)} and {len(ov)}")
+    qf = _queries(q)
+    if qf.ndim < 2 or qf.shape[0] != S:
+        raise ValueError(f"q: expected a leading axis of sequences={S} (one per own_k entry), got shape "
+                         f"{list(qf.shape)}")
+    parts = [_group_queries(qf[s], kc) for s in range(S)]
+    q4 = np.stack([x for x, _ in parts], axis=1)  # [kv_heads, sequences, group, d]
+    return kc, vc, ok, ov, np.ascontiguousarray(q4.reshape(q4.shape[0], -1, q4.shape[-1])), parts[0][1]
+
+
+def _sequence_ids(sequences, count: int) -> list[int]:
+    ids = [_count(x, "sequences") for x in sequences]
+    if len(ids) != count:
+        raise ValueError(f"sequences: {len(ids)} ids for {count} sequences (one per own_k entry)")
+    if len(set(ids)) != len(ids):
+        raise ValueError("sequences: the ids must differ (each sequence draws its own perturbations)")
+    return ids
+
+
+def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step: int, layer: int,
+                     eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale", certificate: str = "tight",
+                     softmax_scale: float = 0.0, seed: int = 0, kv_head: int = 0, level_hints=None,
+                     routing: str = "auto", cost=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
+                     grid_top: int = 6, threads: int = 1, softcap=None, alibi_slopes=None, sinks=None,
+                     sliding_window=None, kv_scales=None):
+    """Parallel samples of one prompt in one call (C++ ``attend_sequences``): S sequences
+    share the prefix k, v (the tokens ``index`` holds; nothing of the sequences is appended
+    to it) and each has its own tokens ``own_k[s]``, ``own_v[s]`` (shaped like k, in its
+    dtype, with the sequence's own token count; a list, or one array with a leading axis
+    of sequences when the counts agree). Sequence s attends the prefix followed by its own
+    tokens; the prefix's index is scanned once for all S * G query heads, and each
+    sequence's own tokens are read exactly with the window (they suit tails of up to a
+    few thousand tokens: docs/integration.md, "Parallel samples and shared prefixes").
+
+    q: a leading axis of S, each sequence's queries shaped as attend() takes them.
+    ``sequences``: S different ids, sequence s drawing the perturbations of its id (the
+    noise key's sequence); ``step`` (advancing every call) and ``layer`` are required.
+    ``level_hints``: None, or the previous step's ``certs["level"]`` of this call. No
+    history is kept: routing decides within the call. The other arguments are attend()'s.
+    Returns ``(out, certs)`` with the leading axis of sequences.
+    """
+    kc, vc, ok, ov, q3, shape = _sequence_args(q, k, v, own_k, own_v)
+    if not isinstance(index, KeyIndex):
+        raise TypeError(f"index must be a certattn.KeyIndex, got {type(index).__name__}")
+    S = len(ok)
+    ids = _sequence_ids(sequences, S)
+    heads = q3.shape[0] * q3.shape[1] // S
+    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+                   routing, cost)
+    hints = None
+    if level_hints is not None:
+        hints = np.asarray(level_hints)
+        if hints.dtype.kind not in "iu":
+            raise TypeError(f"level_hints must hold integers, got {hints.dtype}")
+        if hints.size != heads * S:
+            raise ValueError(f"level_hints: {hints.size} values for {heads * S} query heads")
+        if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
+            raise ValueError("level_hints: levels are >= -1")
+        # [S, ...] as the call returned them, to the core's [kv_heads, S * group]
+        hints = np.ascontiguousarray(hints.reshape(S, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
+    o, certs = _core.attend_sequences(q3, kc, vc, index._core, ok, ov, ids, opt, _count(step, "step"),
+                                      _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
+                                      hints, _count(threads, "threads"), variant, _kv_scales(kv_scales))
+    return (_like(_stacked_result(o, S, shape[:-1] + o.shape[-1:]), q), _stacked_result(certs, S, shape[:-1]))
+
+
+def dense_attend_sequences(q, k, v, own_k, own_v, *, softmax_scale: float = 0.0, threads: int = 1, softcap=None,
+                           alibi_slopes=None, sinks=None, sliding_window=None, kv_scales=None):
+    """Exact attention of attend_sequences()'s shapes with the dense kernel (C++
+    ``dense_attend_sequences``: the shared tokens read once for every sequence), its
+    baseline."""
+    kc, vc, ok, ov, q3, shape = _sequence_args(q, k, v, own_k, own_v)
+    S = len(ok)
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1] // S)
+    o = _core.dense_attend_sequences(q3, kc, vc, ok, ov, _real(softmax_scale, "softmax_scale"),
+                                     _count(threads, "threads"), variant, _kv_scales(kv_scales))
+    return _like(_stacked_result(o, S, shape[:-1] + o.shape[-1:]), q)
+
+
+def reference_attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step: int = 0, layer: int = 0,
+                               eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale",
+                               certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0,
+                               kv_head: int = 0, level_hints=None, routing: str = "auto", cost=None,
+                               window: int = 64, grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6,
+                               softcap=None, alibi_slopes=None, sinks=None, sliding_window=None, kv_scales=None):
+    """The exact-score reference of attend_sequences() (C++ ``reference_attend_sequences``
+    per KV head, the test oracle): the same samples, routing decisions and certificates
+    given the same arguments. Returns (out float64, certs) with the leading axis of
+    sequences. Slow: O(n) per head."""
+    kc, vc, ok, ov, q3, shape = _sequence_args(q, k, v, own_k, own_v)
+    if not isinstance(index, KeyIndex):
+        raise TypeError(f"index must be a certattn.KeyIndex, got {type(index).__name__}")
+    S = len(ok)
+    ids = _sequence_ids(sequences, S)
+    opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
+                   routing, cost)
+    hints = None
+    if level_hints is not None:
+        hints = np.asarray(level_hints)
+        hints = np.ascontiguousarray(hints.reshape(S, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
+    variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1] // S)
+    o, certs = _core.reference_attend_sequences(q3, kc, vc, index._core, ok, ov, ids, opt, _count(step, "step"),
+                                                _count(layer, "layer", 0, 2**32 - 1),
+                                                _count(kv_head, "kv_head", 0, 2**32 - 1), hints, variant,
+                                                _kv_scales(kv_scales))
+    return _stacked_result(o, S, shape[:-1] + o.shape[-1:]), _stacked_result(certs, S, shape[:-1])
 
 
 # --- audit ---------------------------------------------------------------------------------

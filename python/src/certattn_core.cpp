@@ -230,6 +230,49 @@ decltype(auto) with_matrices(const cache_arg& k, const cache_arg& v, std::size_t
   }
 }
 
+/// Each sequence's own tokens of a shared-prefix call (attend_sequences): own_k[s],
+/// own_v[s] in the prefix cache's dtypes and shape but their own token counts.
+std::vector<std::pair<cache_arg, cache_arg>> own_caches(const std::vector<py::array>& ks,
+                                                        const std::vector<py::array>& vs, const cache_arg& k,
+                                                        const cache_arg& v, const scales_arg& kv_scales) {
+  if (ks.empty()) throw py::value_error("own_k: at least one sequence");
+  if (ks.size() != vs.size())
+    throw py::value_error("own_k holds " + std::to_string(ks.size()) + " sequences, own_v " +
+                          std::to_string(vs.size()));
+  std::vector<std::pair<cache_arg, cache_arg>> own;
+  for (std::size_t s = 0; s < ks.size(); ++s) {
+    const std::string kn = "own_k[" + std::to_string(s) + "]", vn = "own_v[" + std::to_string(s) + "]";
+    const cache_arg ok = cache_of(ks[s], kn.c_str(), kv_scales.first);
+    const cache_arg ov = cache_of(vs[s], vn.c_str(), kv_scales.second);
+    check_pair(ok, ov);
+    if (ok.dtype != k.dtype || ov.dtype != v.dtype)
+      throw py::type_error(kn + ", " + vn + ": dtypes (" + dtype_name(ok.dtype) + ", " + dtype_name(ov.dtype) +
+                           ") differ from the prefix's (" + dtype_name(k.dtype) + ", " + dtype_name(v.dtype) + ")");
+    if (ok.layer != k.layer || ok.heads != k.heads || ok.d != k.d || ov.d != v.d)
+      throw py::value_error(kn + ": kv_heads and head_dim (" + std::to_string(ok.heads) + ", " +
+                            std::to_string(ok.d) + ") differ from the prefix cache's (" + std::to_string(k.heads) +
+                            ", " + std::to_string(k.d) + ")");
+    own.emplace_back(ok, ov);
+  }
+  return own;
+}
+
+/// f(views): KV head h of every sequence as joined_kv views (the prefix k, v followed by
+/// that sequence's own tokens), nothing copied. Allocates the S views.
+template <class Tag, class F>
+decltype(auto) with_sequence_views(const cache_arg& k, const cache_arg& v,
+                                   const std::vector<std::pair<cache_arg, cache_arg>>& own, std::size_t h, F&& f) {
+  using View = decltype(k.view_with<Tag>(v, h));
+  const View prefix = k.view_with<Tag>(v, h);
+  std::vector<View> tails;
+  tails.reserve(own.size());
+  for (const auto& [ok, ov] : own) tails.push_back(ok.template view_with<Tag>(ov, h));
+  std::vector<joined_kv<View>> views;
+  views.reserve(own.size());
+  for (const View& t : tails) views.emplace_back(prefix, t);
+  return f(std::span<const joined_kv<View>>(views));
+}
+
 /// Queries: float32, C-contiguous, [heads, group, d] (the Python side reshapes).
 struct query_arg {
   const float* data = nullptr;
@@ -440,6 +483,46 @@ class py_index {
         },
         H);
     for (std::size_t i = 0; i < H * PG; ++i) certs[i] = to_record(certs_all[i]);
+  }
+
+  /// The shared-prefix call for every KV head (attend_sequences): this index holds the
+  /// prefix k, v; own[s] is sequence s's own tokens; q [heads][S * group][d] (sequence-
+  /// major per KV head), hints null or [heads][S * group]. No history: the sequences'
+  /// levels travel as hints.
+  void attend_sequences(const query_arg& q, const cache_arg& k, const cache_arg& v,
+                        const std::vector<std::pair<cache_arg, cache_arg>>& own, const options& opt,
+                        std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
+                        const std::vector<std::uint64_t>& ids, const std::int32_t* hints, float* out,
+                        cert_record* certs, std::size_t threads, const py_variant* variant) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (size() != k.n)
+      throw error("index holds " + std::to_string(size()) + " tokens, the prefix cache " + std::to_string(k.n) +
+                  " (the index is the prefix's: append nothing of the sequences' own tokens to it)");
+    const std::size_t S = own.size(), SG = q.group, G = SG / S, d = d_, H = q.heads;
+    std::size_t longest = 0;
+    for (const auto& o : own) longest = std::max(longest, k.n + o.first.n);
+    ensure_workspaces(std::min(threads, H), SG, longest, opt.total_levels());
+    std::vector<certificate> certs_all(H * SG);
+    for_heads(
+        threads,
+        [&](std::size_t h, std::size_t w) {
+          const noise_key nk{step, layer, layer_ ? std::uint32_t(h) : kv_head, 0};
+          options head_opt = opt;
+          head_opt.variant = variant_of(variant, h, G, H);
+          const std::span<const int> hint_span =
+              hints != nullptr ? std::span<const int>(hints + h * SG, SG) : std::span<const int>();
+          dispatch(dtype_, [&](auto t) {
+            with_sequence_views<decltype(t)>(k, v, own, h, [&](auto views) {
+              certattn::attend_sequences(std::span<const float>(q.data + h * SG * d, SG * d), G, views, idx_[h],
+                                         nk, std::span<const std::uint64_t>(ids), head_opt,
+                                         std::span<float>(out + h * SG * v.d, SG * v.d),
+                                         std::span<certificate>(certs_all.data() + h * SG, SG), *ws_[w],
+                                         hint_span);
+            });
+          });
+        },
+        H);
+    for (std::size_t i = 0; i < H * SG; ++i) certs[i] = to_record(certs_all[i]);
   }
 
   /// Forget every head's history (a new sequence in this index's slot).
@@ -782,6 +865,153 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
   return py::make_tuple(out, certs);
 }
 
+// --- shared prefixes (attend_sequences) ---------------------------------------------------
+
+/// The arguments every shared-prefix entry point checks alike: the prefix cache k, v,
+/// each sequence's own tokens, and q [heads][S * group][d] with S = own.size().
+struct sequences_args {
+  query_arg q;
+  cache_arg k, v;
+  std::vector<std::pair<cache_arg, cache_arg>> own;
+  std::size_t group = 0;  // query heads per KV head and sequence
+};
+
+sequences_args sequences_of(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+                            const std::vector<py::array>& own_k, const std::vector<py::array>& own_v,
+                            const scales_arg& kv_scales) {
+  sequences_args a;
+  a.q = queries_of(q_in);
+  a.k = cache_of(k_in, "k", kv_scales.first);
+  a.v = cache_of(v_in, "v", kv_scales.second);
+  check_pair(a.k, a.v);
+  check_queries(a.q, a.k);
+  a.own = own_caches(own_k, own_v, a.k, a.v, kv_scales);
+  const std::size_t S = a.own.size();
+  if (a.q.group % S != 0)
+    throw py::value_error("q: " + std::to_string(a.q.group) + " queries per KV head are not " + std::to_string(S) +
+                          " sequences of a group");
+  a.group = a.q.group / S;
+  return a;
+}
+
+std::vector<std::uint64_t> sequence_ids_of(const std::vector<std::uint64_t>& ids, std::size_t S) {
+  if (ids.size() != S)
+    throw py::value_error("sequences: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) +
+                          " sequences (one per sequence)");
+  return ids;
+}
+
+py::tuple attend_sequences_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, py_index& index,
+                              const std::vector<py::array>& own_k, const std::vector<py::array>& own_v,
+                              const std::vector<std::uint64_t>& ids_in, const options& opt, std::uint64_t step,
+                              std::uint32_t layer, std::uint32_t kv_head, const py::object& hints_in,
+                              std::size_t threads, const py_variant* variant, const scales_arg& kv_scales) {
+  const sequences_args a = sequences_of(q_in, k_in, v_in, own_k, own_v, kv_scales);
+  index.check_cache(a.k, a.v);
+  const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
+  const std::size_t H = a.q.heads, SG = a.q.group;
+  py::array_t<std::int32_t> hints;
+  if (!hints_in.is_none()) {
+    hints = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
+    if (!hints || std::size_t(hints.size()) != H * SG)
+      throw py::value_error("level_hints: expected " + std::to_string(H * SG) +
+                            " integers (one per query head of every sequence), e.g. the previous step's "
+                            "certificates['level']");
+  }
+  py::array_t<float> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(a.v.d)});
+  auto certs = new_certs(H, SG);
+  float* o = out.mutable_data();
+  cert_record* c = certs.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    index.attend_sequences(a.q, a.k, a.v, a.own, opt, step, layer, kv_head, ids,
+                           hints_in.is_none() ? nullptr : hints.data(), o, c, threads, variant);
+  }
+  return py::make_tuple(out, certs);
+}
+
+/// The reference of attend_sequences_py: reference_attend_sequences() per KV head over the
+/// same joined views, with the index's value centre, cap and reach floor.
+py::tuple reference_sequences_py(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+                                 const py_index& index, const std::vector<py::array>& own_k,
+                                 const std::vector<py::array>& own_v, const std::vector<std::uint64_t>& ids_in,
+                                 const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
+                                 const py::object& hints_in, const py_variant* variant, const scales_arg& kv_scales) {
+  const sequences_args a = sequences_of(q_in, k_in, v_in, own_k, own_v, kv_scales);
+  index.check_cache(a.k, a.v);
+  const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
+  const std::size_t H = a.q.heads, SG = a.q.group, G = a.group, d = a.q.d, dv = a.v.d;
+  py::array_t<std::int32_t> hints;
+  if (!hints_in.is_none()) {
+    hints = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
+    if (!hints || std::size_t(hints.size()) != H * SG)
+      throw py::value_error("level_hints: expected one integer per query head of every sequence");
+  }
+  py::array_t<double> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(dv)});
+  auto certs = new_certs(H, SG);
+  double* o = out.mutable_data();
+  cert_record* c = certs.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(index.mutex());
+    if (index.size() != a.k.n)
+      throw error("index holds " + std::to_string(index.size()) + " tokens, the prefix cache " +
+                  std::to_string(a.k.n));
+    for (std::size_t h = 0; h < H; ++h) {
+      const noise_key nk{step, layer, a.k.layer ? std::uint32_t(h) : kv_head, 0};
+      options head_opt = opt;
+      head_opt.variant = variant_of(variant, h, G, H);
+      const std::span<const int> hint_span =
+          hints_in.is_none() ? std::span<const int>() : std::span<const int>(hints.data() + h * SG, SG);
+      const std::vector<reference_result> rs = dispatch(pair_of(a.k, a.v), [&](auto t) {
+        return with_sequence_views<decltype(t)>(a.k, a.v, a.own, h, [&](auto views) {
+          return reference_attend_sequences(std::span<const float>(a.q.data + h * SG * d, SG * d), G, views, a.k.n,
+                                            head_opt, nk, std::span<const std::uint64_t>(ids),
+                                            extras_of(&index, h, -1), hint_span);
+        });
+      });
+      for (std::size_t i = 0; i < SG; ++i) {
+        std::copy(rs[i].output.begin(), rs[i].output.end(), o + (h * SG + i) * dv);
+        c[h * SG + i] = to_record(rs[i].cert);
+      }
+    }
+  }
+  return py::make_tuple(out, certs);
+}
+
+/// Exact attention of the sequences with the dense kernel (dense_attend_sequences: the
+/// shared tokens read once for every sequence), the shared-prefix call's baseline.
+py::array_t<float> dense_sequences_py(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+                                      const std::vector<py::array>& own_k, const std::vector<py::array>& own_v,
+                                      double softmax_scale, std::size_t threads, const py_variant* variant,
+                                      const scales_arg& kv_scales) {
+  const sequences_args a = sequences_of(q_in, k_in, v_in, own_k, own_v, kv_scales);
+  check_softmax_scale(softmax_scale);
+  const std::size_t H = a.q.heads, SG = a.q.group, G = a.group, d = a.q.d, dv = a.v.d;
+  py::array_t<float> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(dv)});
+  float* o = out.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    std::vector<dense_workspace> ws;
+    for (std::size_t i = 0; i < std::min(std::max<std::size_t>(threads, 1), H); ++i)
+      ws.push_back(make_dense_workspace(SG, d));
+    run_heads(H, threads, [&](std::size_t h, std::size_t w) {
+      dispatch(pair_of(a.k, a.v), [&](auto t) {
+        with_sequence_views<decltype(t)>(a.k, a.v, a.own, h, [&](auto views) {
+          dense_attend_sequences(std::span<const float>(a.q.data + h * SG * d, SG * d), G, views, a.k.n,
+                                 float(softmax_scale), std::span<float>(o + h * SG * dv, SG * dv), ws[w],
+                                 variant_of(variant, h, G, H));
+        });
+      });
+    });
+    for (std::size_t i = 0; i < H * SG * dv; ++i)
+      if (!std::isfinite(o[i]))
+        throw error("dense_attend_sequences: the output holds a NaN or Inf (a NaN or Inf in q, k or v, or scores "
+                    "beyond float)");
+  }
+  return out;
+}
+
 /// One row of the audit: counts and extremes of one (certificate, scale, epsilon).
 struct audit_counts {
   std::size_t calls = 0, certified = 0, fallbacks = 0, violations = 0, checked = 0, disagreements = 0;
@@ -1120,6 +1350,18 @@ PYBIND11_MODULE(_core, m) {
   m.def("reference_attend", &reference_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
         py::arg("options"), py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("sequence"),
         py::arg("level_hints"), py::arg("history").none(true), py::arg("variant").none(true) = py::none(),
+        py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
+
+  m.def("attend_sequences", &attend_sequences_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
+        py::arg("own_k"), py::arg("own_v"), py::arg("sequences"), py::arg("options"), py::arg("step"),
+        py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"), py::arg("threads"),
+        py::arg("variant").none(true) = py::none(), py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
+  m.def("reference_attend_sequences", &reference_sequences_py, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("index"), py::arg("own_k"), py::arg("own_v"), py::arg("sequences"), py::arg("options"),
+        py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"),
+        py::arg("variant").none(true) = py::none(), py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
+  m.def("dense_attend_sequences", &dense_sequences_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("own_k"),
+        py::arg("own_v"), py::arg("softmax_scale"), py::arg("threads"), py::arg("variant").none(true) = py::none(),
         py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
 
   py::class_<audit_counts>(m, "AuditCounts")
