@@ -600,6 +600,27 @@ void expect_rel(double got, double want, double tol, const char* what, const std
   EXPECT_NEAR(got, want, tol * std::max(std::abs(want), 1e-300)) << what << " (" << ctx << ")";
 }
 
+// value_distance_bound() must hold whatever the summation loses. A 576-channel value (a
+// latent cache's width) whose first difference is 1 - 2^-49 and whose 575 others are
+// 2^-28 each: in double, (1 - 2^-49)^2 rounds to 1 - 2^-48 and each 2^-56 added to it is
+// below half an ulp and lost, so the sum stays 1 - 2^-48 while the true one is
+// 1 - 2^-48 + 2^-98 + 575 * 2^-56 > 1. A margin of 1e-15 relative on the computed sqrt
+// gave 1.0f, below the true norm 1 + 2.2e-15.
+TEST(ValueDistanceBound, CoversTheRoundingOfTheSum) {
+  constexpr std::size_t d = 576;
+  std::vector<float> v(d, 0.0f), center(d, -std::ldexp(1.0f, -28));
+  v[0] = 1.0f;
+  center[0] = std::ldexp(1.0f, -49);
+  long double exact = 0;
+  for (std::size_t i = 0; i < d; ++i) {
+    const long double t = (long double)v[i] - (long double)center[i];
+    exact += t * t;
+  }
+  ASSERT_GT(exact, 1.0L);  // the true squared distance exceeds 1 (long double holds it)
+  const float bound = value_distance_bound(v.data(), std::span<const float>(center), d);
+  EXPECT_GE((long double)bound * bound, exact);
+}
+
 TEST(CertifyLevel, MatchesAnIndependentImplementationOfTheFormulas) {
   std::uint64_t seed = 7;
   for (const auto& name : kCaseNames) {
