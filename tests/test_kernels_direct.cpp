@@ -190,6 +190,33 @@ TEST(Perturbation, AddOffsetsUpperEqualsScalar) {
 #endif
 }
 
+// The call's perturbation stage: E_up with the offsets folded in, fused on AVX-512, equals
+// the scalar fill followed by the scalar addition, bit for bit.
+TEST(Perturbation, FusedBoundsEqualFillThenOffsets) {
+  rng r{37};
+  for (std::uint64_t noise : {0ULL, 0x9e3779b97f4a7c15ULL}) {
+    for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 1000u, 4099u}) {
+      std::vector<float> off(n), want(n), got(n, -1.0f);
+      for (std::size_t t = 0; t < n; ++t) off[t] = r.spread(-30, 3);
+      detail::fill_exp1_upper_scalar(noise, n, want.data());
+      std::vector<float> plain = want;
+      detail::add_offsets_upper_scalar(want.data(), off.data(), n);
+      detail::perturbation_bounds_portable(noise, n, off.data(), got.data());
+      for (std::size_t t = 0; t < n; ++t) ASSERT_EQ(bits(got[t]), bits(want[t])) << "portable n " << n;
+#if CERTATTN_X86
+      if (has(isa::kAvx512Vnni)) {
+        std::fill(got.begin(), got.end(), -1.0f);
+        detail::perturbation_bounds_avx512(noise, n, off.data(), got.data());
+        for (std::size_t t = 0; t < n; ++t) ASSERT_EQ(bits(got[t]), bits(want[t])) << "avx512 n " << n << " t " << t;
+        std::fill(got.begin(), got.end(), -1.0f);
+        detail::perturbation_bounds_avx512(noise, n, nullptr, got.data());
+        for (std::size_t t = 0; t < n; ++t) ASSERT_EQ(bits(got[t]), bits(plain[t])) << "no offsets n " << n;
+      }
+#endif
+    }
+  }
+}
+
 TEST(Candidates, FindCandidatesEqualsScalar) {
   rng r{41};
   for (std::size_t n : {0u, 5u, 16u, 31u, 1000u, 4096u}) {

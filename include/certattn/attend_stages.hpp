@@ -592,11 +592,9 @@ struct attend_stages : exact_paths {
     // From the first pool block on: token t0 + i hashes like i under key + t0 golden.
     const std::size_t t0 = cx.first_block() * key_index::kBlockTokens;
     if (cx.pool_end <= t0) return;
-    cx.kernels.fill_exp1_upper(cx.pert.key() + std::uint64_t(t0) * kGolden, cx.pool_end - t0,
-                               ws.e_up_.data() + t0);
-    if (cx.design.value_aware)
-      cx.kernels.add_offsets_upper(ws.e_up_.data() + t0, idx.sampling_offsets_upper() + t0,
-                                   cx.pool_end - t0);
+    cx.kernels.perturbation_bounds(cx.pert.key() + std::uint64_t(t0) * kGolden, cx.pool_end - t0,
+                                   cx.design.value_aware ? idx.sampling_offsets_upper() + t0 : nullptr,
+                                   ws.e_up_.data() + t0);
   }
 
   // ---- stage: max score ---------------------------------------------------------------

@@ -32,8 +32,8 @@ namespace certattn::detail {
 /// (arch/score_dot.hpp, arch/refine_kernels.hpp).
 struct attend_kernels {
   isa which = isa::kScalar;
-  void (*fill_exp1_upper)(std::uint64_t noise, std::size_t n, float* e) noexcept = nullptr;
-  void (*add_offsets_upper)(float* e, const float* off, std::size_t n) noexcept = nullptr;
+  void (*perturbation_bounds)(std::uint64_t noise, std::size_t n, const float* off,
+                              float* e) noexcept = nullptr;
   std::size_t (*find_candidates)(const float* u, const float* e, std::size_t n,
                                  const candidate_params& p, std::uint32_t* idx,
                                  std::uint8_t* lvl) noexcept = nullptr;
@@ -42,12 +42,11 @@ struct attend_kernels {
 };
 
 inline attend_kernels select_attend_kernels(isa which) noexcept {
-  attend_kernels k{which, &fill_exp1_upper_portable, &add_offsets_upper_portable,
-                   &find_candidates_portable, &prepare_refine_block};
+  attend_kernels k{which, &perturbation_bounds_portable, &find_candidates_portable,
+                   &prepare_refine_block};
 #if CERTATTN_X86
   if (which == isa::kAvx512Vnni) {
-    k.fill_exp1_upper = &fill_exp1_upper_avx512;
-    k.add_offsets_upper = &add_offsets_upper_avx512;
+    k.perturbation_bounds = &perturbation_bounds_avx512;
     k.find_candidates = &find_candidates_avx512;
     k.prepare_refine_block = &prepare_refine_block_avx512;
   }

@@ -88,6 +88,14 @@ inline void add_offsets_upper_portable(float* e, const float* off, std::size_t n
   add_offsets_upper_scalar(e + t, off + t, n - t);
 }
 
+/// E_up for tokens [0, n) with value-aware offsets folded in (off null: none): what the
+/// call's perturbation stage writes, in one pass where the instruction set fuses it.
+inline void perturbation_bounds_portable(std::uint64_t noise, std::size_t n, const float* off,
+                                         float* e) noexcept {
+  fill_exp1_upper_portable(noise, n, e);
+  if (off != nullptr) add_offsets_upper_portable(e, off, n);
+}
+
 inline std::size_t find_candidates_portable(const float* u, const float* e, std::size_t n,
                                             const candidate_params& p, std::uint32_t* idx,
                                             std::uint8_t* lvl) noexcept {
@@ -131,8 +139,11 @@ CERTATTN_TARGET_AVX512 inline __m512i mix64_avx512(__m512i x) noexcept {
   return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
 }
 
-CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, std::size_t n,
-                                                          float* e) noexcept {
+/// E_up for tokens [0, n), with the value-aware offsets added (rounded up) as it is
+/// written when kOffsets: one pass instead of a second one over E_up.
+template <bool kOffsets>
+CERTATTN_TARGET_AVX512 inline void hash_exp1_upper_avx512(std::uint64_t noise, std::size_t n,
+                                                          const float* off, float* e) noexcept {
   const __m512i golden8 = _mm512_set1_epi64(std::int64_t(8 * kGolden));
   const __m512i key = _mm512_set1_epi64(std::int64_t(noise));
   // h = key + (t + 1) golden for the 16 tokens t .. t + 15, advanced by adding 16 golden.
@@ -144,12 +155,31 @@ CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, s
   for (; t + 16 <= n; t += 16) {
     const __m512i h0 = mix64_avx512(_mm512_add_epi64(key, w0));
     const __m512i h1 = mix64_avx512(_mm512_add_epi64(key, w1));
-    _mm512_storeu_ps(e + t, exp1_upper_avx512(h0, h1));
+    __m512 x = exp1_upper_avx512(h0, h1);
+    if constexpr (kOffsets)
+      x = _mm512_add_round_ps(x, _mm512_loadu_ps(off + t), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+    _mm512_storeu_ps(e + t, x);
     w0 = _mm512_add_epi64(w0, step);
     w1 = _mm512_add_epi64(w1, step);
   }
-  // The tail through the scalar twin: token t + i hashes like i under key + t golden.
+  // The tail through the scalar twins: token t + i hashes like i under key + t golden.
   fill_exp1_upper_scalar(noise + std::uint64_t(t) * kGolden, n - t, e + t);
+  if constexpr (kOffsets) add_offsets_upper_scalar(e + t, off + t, n - t);
+}
+
+CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, std::size_t n,
+                                                          float* e) noexcept {
+  hash_exp1_upper_avx512<false>(noise, n, nullptr, e);
+}
+
+/// fill_exp1_upper_avx512 then add_offsets_upper_avx512 (off not null), in one pass: the
+/// same operations, the same bits.
+CERTATTN_TARGET_AVX512 inline void perturbation_bounds_avx512(std::uint64_t noise, std::size_t n,
+                                                              const float* off, float* e) noexcept {
+  if (off == nullptr)
+    hash_exp1_upper_avx512<false>(noise, n, nullptr, e);
+  else
+    hash_exp1_upper_avx512<true>(noise, n, off, e);
 }
 
 CERTATTN_TARGET_AVX512 inline void add_offsets_upper_avx512(float* e, const float* off,
