@@ -34,10 +34,9 @@ inline float value_distance_bound(const T* v, std::span<const float> center,
     const double t = to_double(v[i]) - (center.empty() ? 0.0 : double(center[i]));
     s += t * t;
   }
-  // Each difference, square and partial sum rounds once (relative error u = 2^-53 each,
-  // head_dim + 1 of them on s), sqrt halves s's error and rounds once, the product once:
-  // ||v - center|| <= sqrt(s) (1 - u)^-((head_dim + 6) / 2), which (1 + (head_dim + 8) u)
-  // exceeds for every head_dim this library takes.
+  // s carries head_dim + 2 roundings of relative error u = 2^-53 (a difference, a square
+  // and the partial sums), so ||v - center|| <= sqrt(s) (1 - u)^-(head_dim / 2 + 1); the
+  // sqrt and the product round once more each. 1 + (head_dim + 8) u covers all of it.
   const double u = std::ldexp(1.0, -53);
   return round_up_to_float(std::sqrt(s) * (1.0 + double(head_dim + 8) * u));
 }

@@ -172,23 +172,14 @@ CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, s
   hash_exp1_upper_avx512<false>(noise, n, nullptr, e);
 }
 
-/// fill_exp1_upper_avx512 then add_offsets_upper_avx512 (off not null), in one pass: the
-/// same operations, the same bits.
+/// fill_exp1_upper_avx512, then (off not null) each offset added rounded up in the same
+/// pass: add_offsets_upper_scalar()'s floats.
 CERTATTN_TARGET_AVX512 inline void perturbation_bounds_avx512(std::uint64_t noise, std::size_t n,
                                                               const float* off, float* e) noexcept {
   if (off == nullptr)
     hash_exp1_upper_avx512<false>(noise, n, nullptr, e);
   else
     hash_exp1_upper_avx512<true>(noise, n, off, e);
-}
-
-CERTATTN_TARGET_AVX512 inline void add_offsets_upper_avx512(float* e, const float* off,
-                                                            std::size_t n) noexcept {
-  std::size_t t = 0;
-  for (; t + 16 <= n; t += 16)
-    _mm512_storeu_ps(e + t, _mm512_add_round_ps(_mm512_loadu_ps(e + t), _mm512_loadu_ps(off + t),
-                                                _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
-  add_offsets_upper_scalar(e + t, off + t, n - t);
 }
 
 CERTATTN_TARGET_AVX512 inline std::size_t find_candidates_avx512(
