@@ -274,8 +274,14 @@ def _position_queries(q: np.ndarray, k: np.ndarray, positions: int) -> tuple[np.
         return _group_queries(q, k)
     if q.ndim < 2 or q.shape[0] != positions:
         raise ValueError(f"q: expected a leading axis of positions={positions}, got shape {list(q.shape)}")
-    parts = [_group_queries(q[p], k) for p in range(positions)]
-    q4 = np.stack([x for x, _ in parts], axis=1)  # [kv_heads, positions, group, d]
+    return _stacked_queries(q, k, positions)
+
+
+def _stacked_queries(q: np.ndarray, k: np.ndarray, count: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """q [count, ...] (each entry shaped as _group_queries takes it) as [kv_heads, count *
+    group, d], and the shape of one entry's result."""
+    parts = [_group_queries(q[i], k) for i in range(count)]
+    q4 = np.stack([x for x, _ in parts], axis=1)  # [kv_heads, count, group, d]
     return np.ascontiguousarray(q4.reshape(q4.shape[0], -1, q4.shape[-1])), parts[0][1]
 
 
@@ -289,6 +295,18 @@ def _position_result(x: np.ndarray, positions: int, shape: tuple[int, ...]) -> n
     """A result [kv_heads, positions * group, ...] in the caller's layout: [positions, *shape]
     (shape itself for one position)."""
     return x.reshape(shape) if positions == 1 else _stacked_result(x, positions, shape)
+
+
+def _level_hints(level_hints, heads: int) -> np.ndarray:
+    """The previous step's levels, checked: integers >= -1, one per query head."""
+    hints = np.asarray(level_hints)
+    if hints.dtype.kind not in "iu":
+        raise TypeError(f"level_hints must hold integers, got {hints.dtype}")
+    if hints.size != heads:
+        raise ValueError(f"level_hints: {hints.size} values for {heads} query heads")
+    if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
+        raise ValueError("level_hints: levels are >= -1")
+    return hints
 
 
 def _like(x: np.ndarray, template: Any):
@@ -433,16 +451,7 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
                         "reuses the perturbations its hints came from; pass history=False for a one-off call")
     step = 0 if step is None else step
     layer = 0 if layer is None else layer
-    hints = None
-    if level_hints is not None:
-        hints = np.asarray(level_hints)
-        if hints.dtype.kind not in "iu":
-            raise TypeError(f"level_hints must hold integers, got {hints.dtype}")
-        if hints.size != heads:
-            raise ValueError(f"level_hints: {hints.size} values for {heads} query heads")
-        if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
-            raise ValueError("level_hints: levels are >= -1")
-        hints = np.ascontiguousarray(hints, dtype=np.int32)
+    hints = None if level_hints is None else np.ascontiguousarray(_level_hints(level_hints, heads), dtype=np.int32)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
     o, certs = _core.attend(q3, kc, vc, index._core, opt, _count(step, "step"), _count(layer, "layer", 0, 2**32 - 1),
                             _count(kv_head, "kv_head", 0, 2**32 - 1), _count(sequence, "sequence"), hints,
@@ -529,9 +538,7 @@ def _sequence_args(q, k, v, own_k, own_v):
     if qf.ndim < 2 or qf.shape[0] != S:
         raise ValueError(f"q: expected a leading axis of sequences={S} (one per own_k entry), got shape "
                          f"{list(qf.shape)}")
-    parts = [_group_queries(qf[s], kc) for s in range(S)]
-    q4 = np.stack([x for x, _ in parts], axis=1)  # [kv_heads, sequences, group, d]
-    return kc, vc, ok, ov, np.ascontiguousarray(q4.reshape(q4.shape[0], -1, q4.shape[-1])), parts[0][1]
+    return (kc, vc, ok, ov) + _stacked_queries(qf, kc, S)
 
 
 def _sequence_ids(sequences, count: int) -> list[int]:
@@ -574,16 +581,9 @@ def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step:
     opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
                    routing, cost)
     hints = None
-    if level_hints is not None:
-        hints = np.asarray(level_hints)
-        if hints.dtype.kind not in "iu":
-            raise TypeError(f"level_hints must hold integers, got {hints.dtype}")
-        if hints.size != heads * S:
-            raise ValueError(f"level_hints: {hints.size} values for {heads * S} query heads")
-        if hints.size and (hints.min() < -1 or hints.max() > 2**31 - 1):
-            raise ValueError("level_hints: levels are >= -1")
-        # [S, ...] as the call returned them, to the core's [kv_heads, S * group]
-        hints = np.ascontiguousarray(hints.reshape(S, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
+    if level_hints is not None:  # [S, ...] as the call returned them, to the core's [kv_heads, S * group]
+        hints = _level_hints(level_hints, heads * S).reshape(S, q3.shape[0], -1).swapaxes(0, 1)
+        hints = np.ascontiguousarray(hints, dtype=np.int32)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
     o, certs = _core.attend_sequences(q3, kc, vc, index._core, ok, ov, ids, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
