@@ -608,6 +608,24 @@ void check_positions(const query_arg& q, std::size_t positions) {
                           std::to_string(positions) + " positions of a group");
 }
 
+/// level_hints as C-contiguous int32 (data null for None): count integers, one per query
+/// head, as the previous call's certificates['level'] hold them.
+struct hints_arg {
+  py::array_t<std::int32_t> array;
+  const std::int32_t* data = nullptr;
+};
+
+hints_arg hints_of(const py::object& in, std::size_t count) {
+  hints_arg h;
+  if (in.is_none()) return h;
+  h.array = py::array_t<std::int32_t, py::array::c_style>::ensure(in);
+  if (!h.array || std::size_t(h.array.size()) != count)
+    throw py::value_error("level_hints: expected " + std::to_string(count) +
+                          " integers (one per query head), e.g. the previous step's certificates['level']");
+  h.data = h.array.data();
+  return h;
+}
+
 py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::array& v_in, py_index& index,
                     const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
                     std::uint64_t sequence, const py::object& hints_in, bool use_history, const py::object& out_in,
@@ -622,15 +640,8 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
     throw py::value_error("q has " + std::to_string(q.heads) + " KV-head groups, the cache " + std::to_string(k.heads));
   if (q.d != k.d)
     throw py::value_error("q: head_dim " + std::to_string(q.d) + " != the cache's " + std::to_string(k.d));
-  const std::int32_t* hints = nullptr;
-  py::array_t<std::int32_t> hints_arr;
-  if (!hints_in.is_none()) {
-    hints_arr = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
-    if (!hints_arr || std::size_t(hints_arr.size()) != q.heads * q.group / positions)
-      throw py::value_error("level_hints: expected " + std::to_string(q.heads * q.group / positions) +
-                            " integers (one per query head), e.g. the previous step's certificates['level']");
-    hints = hints_arr.data();
-  }
+  const hints_arg hint_arg = hints_of(hints_in, q.heads * q.group / positions);
+  const std::int32_t* hints = hint_arg.data;
   if (hints != nullptr && use_history)
     throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   py::array_t<float> out;
@@ -813,12 +824,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
                             std::to_string(k.n));
   }
   check_queries(q, k);
-  py::array_t<std::int32_t> hints;
-  if (!hints_in.is_none()) {
-    hints = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
-    if (!hints || std::size_t(hints.size()) != q.heads * q.group)
-      throw py::value_error("level_hints: expected one integer per query head");
-  }
+  const hints_arg hints = hints_of(hints_in, q.heads * q.group);
   if (history != nullptr && !hints_in.is_none())
     throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   if (history != nullptr && !history->heads.empty() && history->heads.size() != q.heads)
@@ -830,7 +836,7 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
   if (history != nullptr)
     start = histories_fit(history->heads, q.heads, q.group) ? history->heads
                                                            : std::vector<group_history>(q.heads, group_history(q.group));
-  const std::int32_t* hp = hints_in.is_none() ? nullptr : hints.data();
+  const std::int32_t* hp = hints.data;
   py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   auto certs = new_certs(q.heads, q.group);
   double* o = out.mutable_data();
@@ -910,14 +916,7 @@ py::tuple attend_sequences_py(const py::array& q_in, const py::array& k_in, cons
   index.check_cache(a.k, a.v);
   const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
   const std::size_t H = a.q.heads, SG = a.q.group;
-  py::array_t<std::int32_t> hints;
-  if (!hints_in.is_none()) {
-    hints = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
-    if (!hints || std::size_t(hints.size()) != H * SG)
-      throw py::value_error("level_hints: expected " + std::to_string(H * SG) +
-                            " integers (one per query head of every sequence), e.g. the previous step's "
-                            "certificates['level']");
-  }
+  const hints_arg hints = hints_of(hints_in, H * SG);
   py::array_t<float> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(a.v.d)});
   auto certs = new_certs(H, SG);
   float* o = out.mutable_data();
@@ -925,7 +924,7 @@ py::tuple attend_sequences_py(const py::array& q_in, const py::array& k_in, cons
   {
     py::gil_scoped_release nogil;
     index.attend_sequences(a.q, a.k, a.v, a.own, opt, step, layer, kv_head, ids,
-                           hints_in.is_none() ? nullptr : hints.data(), o, c, threads, variant);
+                           hints.data, o, c, threads, variant);
   }
   return py::make_tuple(out, certs);
 }
@@ -941,12 +940,7 @@ py::tuple reference_sequences_py(const py::array& q_in, const py::array& k_in, c
   index.check_cache(a.k, a.v);
   const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
   const std::size_t H = a.q.heads, SG = a.q.group, G = a.group, d = a.q.d, dv = a.v.d;
-  py::array_t<std::int32_t> hints;
-  if (!hints_in.is_none()) {
-    hints = py::array_t<std::int32_t, py::array::c_style>::ensure(hints_in);
-    if (!hints || std::size_t(hints.size()) != H * SG)
-      throw py::value_error("level_hints: expected one integer per query head of every sequence");
-  }
+  const hints_arg hints = hints_of(hints_in, H * SG);
   py::array_t<double> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(dv)});
   auto certs = new_certs(H, SG);
   double* o = out.mutable_data();
@@ -962,7 +956,7 @@ py::tuple reference_sequences_py(const py::array& q_in, const py::array& k_in, c
       options head_opt = opt;
       head_opt.variant = variant_of(variant, h, G, H);
       const std::span<const int> hint_span =
-          hints_in.is_none() ? std::span<const int>() : std::span<const int>(hints.data() + h * SG, SG);
+          hints.data == nullptr ? std::span<const int>() : std::span<const int>(hints.data + h * SG, SG);
       const std::vector<reference_result> rs = dispatch(pair_of(a.k, a.v), [&](auto t) {
         return with_sequence_views<decltype(t)>(a.k, a.v, a.own, h, [&](auto views) {
           return reference_attend_sequences(std::span<const float>(a.q.data + h * SG * d, SG * d), G, views, a.k.n,
