@@ -483,48 +483,100 @@ TEST(Sequences, BadInputNamesTheArgument) {
 }
 
 /// With a history per sequence, each routes and hints its own sequence: the call runs
-/// many steps with routing on, every certified head stays within epsilon, and each
+/// many steps with routing on, equals at every step the reference given copies of the
+/// histories taken before it, every certified head stays within epsilon, and each
 /// history keeps its own sequence's key.
 TEST(Sequences, HistoriesKeepTheirOwnSequence) {
+  std::size_t routed = 0, sparse = 0;
+  for (synthetic::regime regime : {synthetic::regime::kUniform, synthetic::regime::kMixed}) {
+    SCOPED_TRACE(std::string(synthetic::to_string(regime)));
+    const std::size_t d = 64, G = 2, P = 4096;
+    const std::vector<std::size_t> tails{64, 256};
+    const synthetic::kv_cache src = make_source(P, tails, d, regime, 12);
+    const shared_prefix_cache<half> sp(src, P, tails);
+    key_index idx(d);
+    idx.build(sp.views[0].prefix(P));
+    attend_workspace ws(2 * G, d, P + 256);
+    options opt;
+    opt.cost.measured = false;
+    const std::vector<std::uint64_t> ids{3, 4};
+    group_history h0(G), h1(G);
+    std::vector<group_history*> hs{&h0, &h1};
+    const std::span<const paged_kv<half>> views(sp.views);
+    for (std::uint64_t step = 1; step <= 12; ++step) {
+      std::vector<float> q = synthetic::make_queries(src, 0, 2 * G, step);
+      std::vector<float> out(2 * G * d);
+      std::vector<certificate> certs(2 * G);
+      const group_history before0 = h0, before1 = h1;
+      const std::vector<const group_history*> before{&before0, &before1};
+      attend_sequences(std::span<const float>(q), G, views, idx, noise_key{step, 0, 0},
+                       std::span<const std::uint64_t>(ids), opt, std::span<float>(out),
+                       std::span<certificate>(certs), ws, std::span<group_history* const>(hs));
+      const reference_extras extras{idx.value_center(), idx.value_cap(), idx.reach_floor()};
+      const std::vector<reference_result> refs = reference_attend_sequences(
+          std::span<const float>(q), G, views, P, opt, noise_key{step, 0, 0}, std::span<const std::uint64_t>(ids),
+          extras, {}, std::span<const group_history* const>(before));
+      for (std::size_t s = 0; s < 2; ++s)
+        for (std::size_t g = 0; g < G; ++g) {
+          const certificate& c = certs[s * G + g];
+          const certificate& r = refs[s * G + g].cert;
+          SCOPED_TRACE("step " + std::to_string(step) + " sequence " + std::to_string(s) + " head " +
+                       std::to_string(g));
+          ASSERT_EQ(to_string(c.path), to_string(r.path));
+          ASSERT_EQ(c.level, r.level);
+          ASSERT_EQ(c.sampled, r.sampled);
+          ASSERT_EQ(c.certified, r.certified);
+          ASSERT_EQ(c.exact, r.exact);
+          // Exact answers: the dense kernel's float rounding bound against the reference's
+          // double one; sampled answers: the same bound.
+          if (!c.exact) EXPECT_NEAR(c.bound, r.bound, 1e-9 * std::max(1.0, r.bound));
+          routed += c.path == answer_path::kRouted;
+          sparse += !c.exact;
+          if (!c.certified) continue;
+          const exact_result ex = exact_of(q, s, g, G, sp.views[s], opt);
+          double err2 = 0.0;
+          for (std::size_t i = 0; i < d; ++i) {
+            const double e = double(out[(s * G + g) * d + i]) - ex.output[i];
+            err2 += e * e;
+          }
+          EXPECT_LE(std::sqrt(err2), opt.epsilon * ex.value_scale) << "step " << step;
+        }
+      // Each history's hints are for its own sequence's next step only.
+      EXPECT_TRUE(h0.hints_for(noise_key{step + 1, 0, 0, ids[1]}).empty());
+    }
+  }
+  // The uniform regime is cheaper dense: the histories route its sequences; the mixed
+  // one is sampled, each step hinted by its sequence's history.
+  EXPECT_GT(routed, 0u);
+  EXPECT_GT(sparse, 0u);
+}
+
+/// reference_attend_sequences() takes one history per sequence, never with level hints.
+TEST(Sequences, ReferenceChecksItsHistories) {
   const std::size_t d = 64, G = 2, P = 4096;
   const std::vector<std::size_t> tails{64, 256};
-  const synthetic::kv_cache src = make_source(P, tails, d, synthetic::regime::kUniform, 12);
+  const synthetic::kv_cache src = make_source(P, tails, d, synthetic::regime::kMixed, 12);
   const shared_prefix_cache<half> sp(src, P, tails);
-  key_index idx(d);
-  idx.build(sp.views[0].prefix(P));
-  attend_workspace ws(2 * G, d, P + 256);
-  options opt;
-  opt.cost.measured = false;
-  const std::vector<std::uint64_t> ids{3, 4};
-  group_history h0(G), h1(G);
-  std::vector<group_history*> hs{&h0, &h1};
   const std::span<const paged_kv<half>> views(sp.views);
-  std::size_t routed = 0;
-  for (std::uint64_t step = 1; step <= 12; ++step) {
-    std::vector<float> q = synthetic::make_queries(src, 0, 2 * G, step);
-    std::vector<float> out(2 * G * d);
-    std::vector<certificate> certs(2 * G);
-    attend_sequences(std::span<const float>(q), G, views, idx, noise_key{step, 0, 0},
-                     std::span<const std::uint64_t>(ids), opt, std::span<float>(out),
-                     std::span<certificate>(certs), ws, std::span<group_history* const>(hs));
-    for (std::size_t s = 0; s < 2; ++s)
-      for (std::size_t g = 0; g < G; ++g) {
-        const certificate& c = certs[s * G + g];
-        routed += c.path == answer_path::kRouted;
-        if (!c.certified) continue;
-        const exact_result ex = exact_of(q, s, g, G, sp.views[s], opt);
-        double err2 = 0.0;
-        for (std::size_t i = 0; i < d; ++i) {
-          const double e = double(out[(s * G + g) * d + i]) - ex.output[i];
-          err2 += e * e;
-        }
-        EXPECT_LE(std::sqrt(err2), opt.epsilon * ex.value_scale) << "step " << step;
-      }
-    // Each history's hints are for its own sequence's next step only.
-    EXPECT_TRUE(h0.hints_for(noise_key{step + 1, 0, 0, ids[1]}).empty());
-  }
-  // The uniform regime is cheaper dense: the histories route their sequences.
-  EXPECT_GT(routed, 0u);
+  const options opt;
+  const std::vector<std::uint64_t> ids{3, 4};
+  const group_history h0(G), h1(G);
+  std::vector<float> q = synthetic::make_queries(src, 0, 2 * G, 13);
+  const std::vector<const group_history*> one{&h0};
+  const std::vector<int> hints(2 * G, 3);
+  EXPECT_THAT(error_message([&] {
+                reference_attend_sequences(std::span<const float>(q), G, views, P, opt, noise_key{13, 0, 0},
+                                           std::span<const std::uint64_t>(ids), {}, {},
+                                           std::span<const group_history* const>(one));
+              }),
+              HasSubstr("histories has 1 entries, expected 0 or one per sequence (2)"));
+  const std::vector<const group_history*> two{&h0, &h1};
+  EXPECT_THAT(error_message([&] {
+                reference_attend_sequences(std::span<const float>(q), G, views, P, opt, noise_key{13, 0, 0},
+                                           std::span<const std::uint64_t>(ids), {}, std::span<const int>(hints),
+                                           std::span<const group_history* const>(two));
+              }),
+              HasSubstr("level_hints and histories exclude each other"));
 }
 
 }  // namespace

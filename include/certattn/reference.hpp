@@ -390,14 +390,16 @@ inline std::vector<reference_result> reference_attend_positions(
 /// The reference of one attend_sequences() call: for each sequence s in order,
 /// reference_attend_group() over views[s] with noise_key::sequence = sequences[s] and the
 /// pool ending at the prefix (reference_extras::pool_limit = prefix_tokens). queries
-/// [sequences][group][head_dim], level_hints empty or [sequences][group]; the results
-/// [sequences][group], flattened.
+/// [sequences][group][head_dim], level_hints empty or [sequences][group]; histories empty
+/// or [sequences]: sequence s's group_history as the call to reproduce was given it (a
+/// copy taken before that call; it replaces extras.history for that sequence). The
+/// results [sequences][group], flattened.
 template <class Q, kv_view KV>
 inline std::vector<reference_result> reference_attend_sequences(
     std::span<const Q> queries, std::size_t group, std::span<const KV> views,
     std::size_t prefix_tokens, const options& opt, const noise_key& nk,
     std::span<const std::uint64_t> sequences, reference_extras extras = {},
-    std::span<const int> level_hints = {}) {
+    std::span<const int> level_hints = {}, std::span<const group_history* const> histories = {}) {
   const std::size_t S = views.size();
   if (S == 0 || sequences.size() != S)
     throw error("reference_attend_sequences: one id per view expected, got " +
@@ -409,12 +411,19 @@ inline std::vector<reference_result> reference_attend_sequences(
   if (!level_hints.empty() && level_hints.size() != S * group)
     throw error("reference_attend_sequences: level_hints has " + std::to_string(level_hints.size()) +
                 " elements, expected 0 or sequences * group = " + std::to_string(S * group));
+  if (!histories.empty() && histories.size() != S)
+    throw error("reference_attend_sequences: histories has " + std::to_string(histories.size()) +
+                " entries, expected 0 or one per sequence (" + std::to_string(S) + ")");
+  if (!histories.empty() && !level_hints.empty())
+    throw error("reference_attend_sequences: level_hints and histories exclude each other (a history carries its "
+                "sequence's hints)");
   extras.pool_limit = prefix_tokens;
   std::vector<reference_result> out;
   out.reserve(S * group);
   for (std::size_t s = 0; s < S; ++s) {
     noise_key nk_s = nk;
     nk_s.sequence = sequences[s];
+    if (!histories.empty()) extras.history = histories[s];
     std::vector<reference_result> r = reference_attend_group(
         queries.subspan(s * group * d, group * d), group, views[s], opt, nk_s, extras,
         level_hints.empty() ? level_hints : level_hints.subspan(s * group, group));

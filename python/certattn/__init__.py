@@ -333,6 +333,8 @@ class KeyIndex:
     stopping levels (the hints) and whether the group's last sparse call lost to the dense
     kernel (docs/python.md, "Routing"). They are created for the group size of the first
     such call and recreated when it changes; call ``reset_history()`` for a new sequence.
+    An index of a shared prefix keeps one such history per sequence id of
+    ``attend_sequences`` calls as well.
     """
 
     def __init__(self, k, v, *, reserve: int = 0, threads: int = 1, kv_scales=None):
@@ -351,15 +353,19 @@ class KeyIndex:
     def reserve(self, tokens: int) -> None:
         self._core.reserve(_count(tokens, "tokens"))
 
-    def reset_history(self) -> None:
-        """Forget the routing histories (levels, costs, probes): a new sequence."""
-        self._core.reset_history()
+    def reset_history(self, sequence: int | None = None) -> None:
+        """Forget the routing histories (levels, costs, probes): all of them (a new
+        sequence), or those ``attend_sequences`` keeps for one sequence id (a sample
+        that ended: its histories are freed)."""
+        self._core.reset_history(None if sequence is None else _count(sequence, "sequence"))
 
-    def history_snapshot(self):
-        """The routing histories as they are now, an opaque object: pass it as
-        ``reference_attend(..., history=)`` to reproduce the next ``attend`` call made
+    def history_snapshot(self, sequence: int | None = None):
+        """The routing histories as they are now, an opaque object: ``attend``'s (no
+        sequence), to pass as ``reference_attend(..., history=)``, or those
+        ``attend_sequences`` keeps for one sequence id, to pass (one per sequence) as
+        ``reference_attend_sequences(..., history=)``; either reproduces the next call made
         with them. ``.levels`` and ``.routes_dense`` (under routing "auto") show them."""
-        return self._core.history_snapshot()
+        return self._core.history_snapshot(None if sequence is None else _count(sequence, "sequence"))
 
     def __len__(self) -> int:
         return self._core.size
@@ -386,6 +392,16 @@ class KeyIndex:
 
 
 # --- calls ---------------------------------------------------------------------------------
+
+def _use_history(history, level_hints) -> bool:
+    """Whether a call uses the index's routing histories: ``history`` None (then unless
+    ``level_hints`` is given), True or False."""
+    if history is not None and not isinstance(history, bool):
+        raise TypeError(f"history must be None, True or False, got {type(history).__name__}")
+    if history is True and level_hints is not None:
+        raise ValueError("level_hints and history=True exclude each other (the history carries the hints)")
+    return level_hints is None and history is not False
+
 
 def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale",
            certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0, step: int | None = None,
@@ -439,11 +455,7 @@ def attend(q, k, v, index: KeyIndex, *, eps: float = 0.1, delta: float = 0.05, s
     heads = q3.shape[0] * q3.shape[1] // positions
     opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
                    routing, cost)
-    if history is not None and not isinstance(history, bool):
-        raise TypeError(f"history must be None, True or False, got {type(history).__name__}")
-    if history is True and level_hints is not None:
-        raise ValueError("level_hints and history=True exclude each other (the history carries the hints)")
-    use_history = level_hints is None and history is not False
+    use_history = _use_history(history, level_hints)
     if use_history and (step is None or layer is None):
         missing = " and ".join(name for name, value in (("step", step), ("layer", layer)) if value is None)
         raise TypeError(f"attend: {missing} must be given when the call uses the index's histories (the default): "
@@ -552,7 +564,7 @@ def _sequence_ids(sequences, count: int) -> list[int]:
 
 def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step: int, layer: int,
                      eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale", certificate: str = "tight",
-                     softmax_scale: float = 0.0, seed: int = 0, kv_head: int = 0, level_hints=None,
+                     softmax_scale: float = 0.0, seed: int = 0, kv_head: int = 0, level_hints=None, history=None,
                      routing: str = "auto", cost=None, window: int = 64, grid_ratio: int = 2, max_levels: int = 32,
                      grid_top: int = 6, threads: int = 1, softcap=None, alibi_slopes=None, sinks=None,
                      sliding_window=None, kv_scales=None):
@@ -568,9 +580,12 @@ def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step:
     q: a leading axis of S, each sequence's queries shaped as attend() takes them.
     ``sequences``: S different ids, sequence s drawing the perturbations of its id (the
     noise key's sequence); ``step`` (advancing every call) and ``layer`` are required.
-    ``level_hints``: None, or the previous step's ``certs["level"]`` of this call. No
-    history is kept: routing decides within the call. The other arguments are attend()'s.
-    Returns ``(out, certs)`` with the leading axis of sequences.
+    ``history``: None (default) uses the routing histories the index keeps per sequence
+    id unless ``level_hints`` is given (each hints, routes and times its own sequence;
+    ``index.reset_history(sequence=id)`` frees one); False uses none; True requires them.
+    ``level_hints``: None, or the previous step's ``certs["level"]`` of this call. The
+    other arguments are attend()'s. Returns ``(out, certs)`` with the leading axis of
+    sequences.
     """
     kc, vc, ok, ov, q3, shape = _sequence_args(q, k, v, own_k, own_v)
     if not isinstance(index, KeyIndex):
@@ -580,6 +595,7 @@ def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step:
     heads = q3.shape[0] * q3.shape[1] // S
     opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
                    routing, cost)
+    use_history = _use_history(history, level_hints)
     hints = None
     if level_hints is not None:  # [S, ...] as the call returned them, to the core's [kv_heads, S * group]
         hints = _level_hints(level_hints, heads * S).reshape(S, q3.shape[0], -1).swapaxes(0, 1)
@@ -587,7 +603,7 @@ def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step:
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
     o, certs = _core.attend_sequences(q3, kc, vc, index._core, ok, ov, ids, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
-                                      hints, _count(threads, "threads"), variant, _kv_scales(kv_scales))
+                                      hints, use_history, _count(threads, "threads"), variant, _kv_scales(kv_scales))
     return (_like(_stacked_result(o, S, shape[:-1] + o.shape[-1:]), q), _stacked_result(certs, S, shape[:-1]))
 
 
@@ -607,13 +623,15 @@ def dense_attend_sequences(q, k, v, own_k, own_v, *, softmax_scale: float = 0.0,
 def reference_attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step: int = 0, layer: int = 0,
                                eps: float = 0.1, delta: float = 0.05, scale: str = "value_scale",
                                certificate: str = "tight", softmax_scale: float = 0.0, seed: int = 0,
-                               kv_head: int = 0, level_hints=None, routing: str = "auto", cost=None,
+                               kv_head: int = 0, level_hints=None, history=None, routing: str = "auto", cost=None,
                                window: int = 64, grid_ratio: int = 2, max_levels: int = 32, grid_top: int = 6,
                                softcap=None, alibi_slopes=None, sinks=None, sliding_window=None, kv_scales=None):
     """The exact-score reference of attend_sequences() (C++ ``reference_attend_sequences``
     per KV head, the test oracle): the same samples, routing decisions and certificates
-    given the same arguments. Returns (out float64, certs) with the leading axis of
-    sequences. Slow: O(n) per head."""
+    given the same arguments: the same ``level_hints``, or ``history`` = one
+    ``index.history_snapshot(sequence=id)`` per sequence, taken just before the call to
+    reproduce (None: no history, as attend_sequences(..., history=False)). Returns (out
+    float64, certs) with the leading axis of sequences. Slow: O(n) per head."""
     kc, vc, ok, ov, q3, shape = _sequence_args(q, k, v, own_k, own_v)
     if not isinstance(index, KeyIndex):
         raise TypeError(f"index must be a certattn.KeyIndex, got {type(index).__name__}")
@@ -625,10 +643,16 @@ def reference_attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequen
     if level_hints is not None:
         hints = np.asarray(level_hints)
         hints = np.ascontiguousarray(hints.reshape(S, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
+    if history is not None:
+        if isinstance(history, _core.HistorySnapshot) or not all(isinstance(h, _core.HistorySnapshot)
+                                                                 for h in history):
+            raise TypeError("history must be None or a list of KeyIndex.history_snapshot(sequence=id) results, "
+                            "one per sequence")
+        history = list(history)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, q3.shape[0] * q3.shape[1] // S)
     o, certs = _core.reference_attend_sequences(q3, kc, vc, index._core, ok, ov, ids, opt, _count(step, "step"),
                                                 _count(layer, "layer", 0, 2**32 - 1),
-                                                _count(kv_head, "kv_head", 0, 2**32 - 1), hints, variant,
+                                                _count(kv_head, "kv_head", 0, 2**32 - 1), hints, history, variant,
                                                 _kv_scales(kv_scales))
     return _stacked_result(o, S, shape[:-1] + o.shape[-1:]), _stacked_result(certs, S, shape[:-1])
 

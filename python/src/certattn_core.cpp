@@ -24,8 +24,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -487,13 +489,14 @@ class py_index {
 
   /// The shared-prefix call for every KV head (attend_sequences): this index holds the
   /// prefix k, v; own[s] is sequence s's own tokens; q [heads][S * group][d] (sequence-
-  /// major per KV head), hints null or [heads][S * group]. No history: the sequences'
-  /// levels travel as hints.
+  /// major per KV head), hints null or [heads][S * group]. With use_history (then hints is
+  /// null) sequence s's call on head h gets the group_history this index keeps for
+  /// sequence ids[s] and head h, created for this group size when it holds none for it.
   void attend_sequences(const query_arg& q, const cache_arg& k, const cache_arg& v,
                         const std::vector<std::pair<cache_arg, cache_arg>>& own, const options& opt,
                         std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
-                        const std::vector<std::uint64_t>& ids, const std::int32_t* hints, float* out,
-                        cert_record* certs, std::size_t threads, const py_variant* variant) {
+                        const std::vector<std::uint64_t>& ids, const std::int32_t* hints, bool use_history,
+                        float* out, cert_record* certs, std::size_t threads, const py_variant* variant) {
     std::lock_guard<std::mutex> lk(mu_);
     if (size() != k.n)
       throw error("index holds " + std::to_string(size()) + " tokens, the prefix cache " + std::to_string(k.n) +
@@ -502,6 +505,15 @@ class py_index {
     std::size_t longest = 0;
     for (const auto& o : own) longest = std::max(longest, k.n + o.first.n);
     ensure_workspaces(std::min(threads, H), SG, longest, opt.total_levels());
+    std::vector<group_history*> histories;  // [heads][S]
+    if (use_history) {
+      histories.resize(H * S);
+      for (std::size_t s = 0; s < S; ++s) {
+        std::vector<group_history>& of_sequence = seq_hist_[ids[s]];
+        if (!histories_fit(of_sequence, H, G)) of_sequence.assign(H, group_history(G));
+        for (std::size_t h = 0; h < H; ++h) histories[h * S + s] = &of_sequence[h];
+      }
+    }
     std::vector<certificate> certs_all(H * SG);
     for_heads(
         threads,
@@ -513,11 +525,16 @@ class py_index {
               hints != nullptr ? std::span<const int>(hints + h * SG, SG) : std::span<const int>();
           dispatch(dtype_, [&](auto t) {
             with_sequence_views<decltype(t)>(k, v, own, h, [&](auto views) {
-              certattn::attend_sequences(std::span<const float>(q.data + h * SG * d, SG * d), G, views, idx_[h],
-                                         nk, std::span<const std::uint64_t>(ids), head_opt,
-                                         std::span<float>(out + h * SG * v.d, SG * v.d),
-                                         std::span<certificate>(certs_all.data() + h * SG, SG), *ws_[w],
-                                         hint_span);
+              const auto queries = std::span<const float>(q.data + h * SG * d, SG * d);
+              const auto o = std::span<float>(out + h * SG * v.d, SG * v.d);
+              const auto c = std::span<certificate>(certs_all.data() + h * SG, SG);
+              const auto id_span = std::span<const std::uint64_t>(ids);
+              if (use_history)
+                certattn::attend_sequences(queries, G, views, idx_[h], nk, id_span, head_opt, o, c, *ws_[w],
+                                           std::span<group_history* const>(histories.data() + h * S, S));
+              else
+                certattn::attend_sequences(queries, G, views, idx_[h], nk, id_span, head_opt, o, c, *ws_[w],
+                                           hint_span);
             });
           });
         },
@@ -525,14 +542,24 @@ class py_index {
     for (std::size_t i = 0; i < H * SG; ++i) certs[i] = to_record(certs_all[i]);
   }
 
-  /// Forget every head's history (a new sequence in this index's slot).
-  void reset_history() {
+  /// Forget the histories: every one (a new sequence in this index's slot; no sequence
+  /// given), or those of one sequence of the shared-prefix calls (a sample that ended).
+  void reset_history(std::optional<std::uint64_t> sequence) {
     std::lock_guard<std::mutex> lk(mu_);
+    if (sequence) {
+      seq_hist_.erase(*sequence);
+      return;
+    }
     for (group_history& h : hist_) h.reset();
+    seq_hist_.clear();
   }
-  history_snapshot snapshot() const {
+  /// The histories of attend() (no sequence given) or of one sequence of the shared-prefix
+  /// calls (empty before its first call with a history).
+  history_snapshot snapshot(std::optional<std::uint64_t> sequence) const {
     std::lock_guard<std::mutex> lk(mu_);
-    return {hist_};
+    if (!sequence) return {hist_};
+    const auto it = seq_hist_.find(*sequence);
+    return {it == seq_hist_.end() ? std::vector<group_history>() : it->second};
   }
 
   const key_index& head(std::size_t h) const { return idx_.at(h); }
@@ -594,6 +621,8 @@ class py_index {
   std::vector<std::unique_ptr<attend_workspace>> ws_;
   std::unique_ptr<thread_pool> pool_;
   std::vector<group_history> hist_;  // [kv_heads], for the group size of the calls
+  // The shared-prefix calls' histories: per sequence id, [kv_heads].
+  std::map<std::uint64_t, std::vector<group_history>> seq_hist_;
 };
 
 py::array_t<cert_record> new_certs(std::size_t heads, std::size_t group) {
@@ -911,36 +940,64 @@ py::tuple attend_sequences_py(const py::array& q_in, const py::array& k_in, cons
                               const std::vector<py::array>& own_k, const std::vector<py::array>& own_v,
                               const std::vector<std::uint64_t>& ids_in, const options& opt, std::uint64_t step,
                               std::uint32_t layer, std::uint32_t kv_head, const py::object& hints_in,
-                              std::size_t threads, const py_variant* variant, const scales_arg& kv_scales) {
+                              bool use_history, std::size_t threads, const py_variant* variant,
+                              const scales_arg& kv_scales) {
   const sequences_args a = sequences_of(q_in, k_in, v_in, own_k, own_v, kv_scales);
   index.check_cache(a.k, a.v);
   const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
   const std::size_t H = a.q.heads, SG = a.q.group;
   const hints_arg hints = hints_of(hints_in, H * SG);
+  if (hints.data != nullptr && use_history)
+    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   py::array_t<float> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(a.v.d)});
   auto certs = new_certs(H, SG);
   float* o = out.mutable_data();
   cert_record* c = certs.mutable_data();
   {
     py::gil_scoped_release nogil;
-    index.attend_sequences(a.q, a.k, a.v, a.own, opt, step, layer, kv_head, ids,
-                           hints.data, o, c, threads, variant);
+    index.attend_sequences(a.q, a.k, a.v, a.own, opt, step, layer, kv_head, ids, hints.data, use_history, o, c,
+                           threads, variant);
   }
   return py::make_tuple(out, certs);
 }
 
 /// The reference of attend_sequences_py: reference_attend_sequences() per KV head over the
-/// same joined views, with the index's value centre, cap and reach floor.
+/// same joined views, with the index's value centre, cap and reach floor, and given
+/// `histories` (one snapshot per sequence, taken before the call) the histories the call
+/// started from.
 py::tuple reference_sequences_py(const py::array& q_in, const py::array& k_in, const py::array& v_in,
                                  const py_index& index, const std::vector<py::array>& own_k,
                                  const std::vector<py::array>& own_v, const std::vector<std::uint64_t>& ids_in,
                                  const options& opt, std::uint64_t step, std::uint32_t layer, std::uint32_t kv_head,
-                                 const py::object& hints_in, const py_variant* variant, const scales_arg& kv_scales) {
+                                 const py::object& hints_in,
+                                 const std::optional<std::vector<history_snapshot>>& histories,
+                                 const py_variant* variant, const scales_arg& kv_scales) {
   const sequences_args a = sequences_of(q_in, k_in, v_in, own_k, own_v, kv_scales);
   index.check_cache(a.k, a.v);
   const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
-  const std::size_t H = a.q.heads, SG = a.q.group, G = a.group, d = a.q.d, dv = a.v.d;
+  const std::size_t H = a.q.heads, SG = a.q.group, G = a.group, d = a.q.d, dv = a.v.d, S = a.own.size();
   const hints_arg hints = hints_of(hints_in, H * SG);
+  if (histories && hints.data != nullptr)
+    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
+  if (histories && histories->size() != S)
+    throw py::value_error("history: " + std::to_string(histories->size()) + " snapshots for " + std::to_string(S) +
+                          " sequences (one per sequence, KeyIndex.history_snapshot(sequence=id))");
+  // What attend_sequences() starts from per sequence: its snapshot's histories, or fresh
+  // ones where it holds none for this group size. [heads][S]
+  std::vector<group_history> start;
+  std::vector<const group_history*> start_of;
+  if (histories) {
+    start.reserve(H * S);
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t s = 0; s < S; ++s) {
+        const history_snapshot& snap = (*histories)[s];
+        if (!snap.heads.empty() && snap.heads.size() != H)
+          throw py::value_error("history[" + std::to_string(s) + "]: a snapshot of " +
+                                std::to_string(snap.heads.size()) + " KV heads, the cache has " + std::to_string(H));
+        start.push_back(histories_fit(snap.heads, H, G) ? snap.heads[h] : group_history(G));
+      }
+    for (const group_history& x : start) start_of.push_back(&x);
+  }
   py::array_t<double> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(dv)});
   auto certs = new_certs(H, SG);
   double* o = out.mutable_data();
@@ -959,9 +1016,11 @@ py::tuple reference_sequences_py(const py::array& q_in, const py::array& k_in, c
           hints.data == nullptr ? std::span<const int>() : std::span<const int>(hints.data + h * SG, SG);
       const std::vector<reference_result> rs = dispatch(pair_of(a.k, a.v), [&](auto t) {
         return with_sequence_views<decltype(t)>(a.k, a.v, a.own, h, [&](auto views) {
-          return reference_attend_sequences(std::span<const float>(a.q.data + h * SG * d, SG * d), G, views, a.k.n,
-                                            head_opt, nk, std::span<const std::uint64_t>(ids),
-                                            extras_of(&index, h, -1), hint_span);
+          return reference_attend_sequences(
+              std::span<const float>(a.q.data + h * SG * d, SG * d), G, views, a.k.n, head_opt, nk,
+              std::span<const std::uint64_t>(ids), extras_of(&index, h, -1), hint_span,
+              histories ? std::span<const group_history* const>(start_of.data() + h * S, S)
+                        : std::span<const group_history* const>());
         });
       });
       for (std::size_t i = 0; i < SG; ++i) {
@@ -1321,8 +1380,8 @@ PYBIND11_MODULE(_core, m) {
       .def("truncate", &py_index::truncate, py::arg("k"), py::arg("v"), py::arg("n"),
            py::arg("kv_scales") = scales_arg{1.0f, 1.0f})
       .def("reserve", &py_index::reserve, py::arg("tokens"))
-      .def("reset_history", &py_index::reset_history)
-      .def("history_snapshot", &py_index::snapshot)
+      .def("reset_history", &py_index::reset_history, py::arg("sequence").none(true) = py::none())
+      .def("history_snapshot", &py_index::snapshot, py::arg("sequence").none(true) = py::none())
       .def("__len__", &py_index::size)
       .def_property_readonly("size", &py_index::size)
       .def_property_readonly("kv_heads", &py_index::heads)
@@ -1348,12 +1407,13 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("attend_sequences", &attend_sequences_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("index"),
         py::arg("own_k"), py::arg("own_v"), py::arg("sequences"), py::arg("options"), py::arg("step"),
-        py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"), py::arg("threads"),
+        py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"), py::arg("history"), py::arg("threads"),
         py::arg("variant").none(true) = py::none(), py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
   m.def("reference_attend_sequences", &reference_sequences_py, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("index"), py::arg("own_k"), py::arg("own_v"), py::arg("sequences"), py::arg("options"),
         py::arg("step"), py::arg("layer"), py::arg("kv_head"), py::arg("level_hints"),
-        py::arg("variant").none(true) = py::none(), py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
+        py::arg("history").none(true), py::arg("variant").none(true) = py::none(),
+        py::arg("kv_scales") = scales_arg{1.0f, 1.0f});
   m.def("dense_attend_sequences", &dense_sequences_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("own_k"),
         py::arg("own_v"), py::arg("softmax_scale"), py::arg("threads"), py::arg("variant").none(true) = py::none(),
         py::arg("kv_scales") = scales_arg{1.0f, 1.0f});

@@ -49,7 +49,7 @@ def test_sequences_equal_reference(fmt):
     for step in range(3):
         qs = q + np.float32(0.01 * step)
         out, certs = certattn.attend_sequences(qs, k, v, index, own_k, own_v, sequences=ids, eps=0.1, seed=7,
-                                               step=step, layer=1, level_hints=hints)
+                                               step=step, layer=1, level_hints=hints, history=False)
         ref, rcerts = certattn.reference_attend_sequences(qs, k, v, index, own_k, own_v, sequences=ids, eps=0.1,
                                                           seed=7, step=step, layer=1, level_hints=hints)
         assert out.shape == (3, 2, 4, 64) and certs.shape == (3, 2, 4)
@@ -85,8 +85,9 @@ def test_sequences_each_within_its_certificate():
     # Equal tails: one array [S, heads, n, d] is its list of entries.
     k, v, own_k, own_v, q = shared_prefix(2000, [30, 30], seed=2)
     index = certattn.KeyIndex(k, v)
-    a = certattn.attend_sequences(q, k, v, index, own_k, own_v, sequences=[5, 6], step=1, layer=0)
-    b = certattn.attend_sequences(q, k, v, index, np.stack(own_k), np.stack(own_v), sequences=[5, 6], step=1, layer=0)
+    a = certattn.attend_sequences(q, k, v, index, own_k, own_v, sequences=[5, 6], step=1, layer=0, history=False)
+    b = certattn.attend_sequences(q, k, v, index, np.stack(own_k), np.stack(own_v), sequences=[5, 6], step=1, layer=0,
+                                  history=False)
     assert np.array_equal(a[0], b[0]) and same_certs(a[1], b[1])
 
 
@@ -98,7 +99,7 @@ def test_sequences_one_kv_head_and_torch():
     k, v, own_k, own_v, q = k[0], v[0], [x[0] for x in own_k], [x[0] for x in own_v], q[:, 0]
     index = certattn.KeyIndex(k, v)
     out, certs = certattn.attend_sequences(q, k, v, index, own_k, own_v, sequences=[1, 2], step=3, layer=2,
-                                           kv_head=5)
+                                           kv_head=5, history=False)
     assert out.shape == (2, 4, 64) and certs.shape == (2, 4)
     ref, rcerts = certattn.reference_attend_sequences(q, k, v, index, own_k, own_v, sequences=[1, 2], step=3,
                                                       layer=2, kv_head=5)
@@ -106,8 +107,54 @@ def test_sequences_one_kv_head_and_torch():
     t_out, t_certs = certattn.attend_sequences(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), index,
                                                [torch.from_numpy(x) for x in own_k],
                                                [torch.from_numpy(x) for x in own_v], sequences=[1, 2], step=3,
-                                               layer=2, kv_head=5)
+                                               layer=2, kv_head=5, history=False)
     assert isinstance(t_out, torch.Tensor) and np.array_equal(t_out.numpy(), out) and same_certs(t_certs, certs)
+
+
+def test_sequences_keep_a_history_each():
+    """The index keeps a routing history per sequence id: over 8 steps a sequence whose
+    queries are flat (every key equally likely: over budget, then routed) and one whose
+    queries are focused (sampled) each follow their own history, every step equal to the
+    reference given snapshots of the histories taken before it (cost model only, so that
+    the decisions do not depend on timing)."""
+    model_only = {"measured": False}
+    k, v, own_k, own_v, q = shared_prefix(3000, [5, 40], seed=6)
+    q[0] = 0.0  # sequence 10: flat attention
+    index = certattn.KeyIndex(k, v)
+    ids = [10, 11]
+    paths = []
+    for step in range(8):
+        before = [index.history_snapshot(sequence=i) for i in ids]
+        out, certs = certattn.attend_sequences(q, k, v, index, own_k, own_v, sequences=ids, seed=2, step=step,
+                                               layer=3, cost=model_only)
+        ref, rcerts = certattn.reference_attend_sequences(q, k, v, index, own_k, own_v, sequences=ids, seed=2,
+                                                          step=step, layer=3, cost=model_only, history=before)
+        assert same_certs(certs, rcerts), (step, certattn.path_names(certs), certattn.path_names(rcerts))
+        norm = np.maximum(np.linalg.norm(ref, axis=-1), 1e-6)
+        assert (np.linalg.norm(out - ref, axis=-1) <= 1e-5 * norm).all()
+        paths.append(certattn.path_names(certs))
+        # Each history holds its own sequence's levels; attend()'s history is untouched.
+        assert index.history_snapshot(sequence=11).levels == certs[1]["level"].tolist()
+        assert index.history_snapshot().kv_heads == 0
+    assert (paths[0][0] == "over_budget").any() and all((p[0] == "routed").all() for p in paths[1:5])
+    assert not any((p[1] == "routed").any() for p in paths) and (paths[-1][1] == "sampled").any()
+    assert all(index.history_snapshot(sequence=10).routes_dense)
+    # Forgetting one sequence leaves the other's; a sequence never seen has none.
+    index.reset_history(sequence=10)
+    assert index.history_snapshot(sequence=10).kv_heads == 0 and index.history_snapshot(sequence=11).kv_heads == 2
+    index.reset_history()
+    assert index.history_snapshot(sequence=11).kv_heads == 0
+    # The reference takes one snapshot per sequence, never with level hints.
+    with pytest.raises(ValueError, match="history: 1 snapshots for 2 sequences"):
+        certattn.reference_attend_sequences(q, k, v, index, own_k, own_v, sequences=ids, history=before[:1])
+    with pytest.raises(TypeError, match="one per sequence"):
+        certattn.reference_attend_sequences(q, k, v, index, own_k, own_v, sequences=ids, history=before[0])
+    with pytest.raises(ValueError, match="exclude each other"):
+        certattn.reference_attend_sequences(q, k, v, index, own_k, own_v, sequences=ids, history=before,
+                                            level_hints=np.zeros((2, 2, 4), np.int32))
+    with pytest.raises(ValueError, match="exclude each other"):
+        certattn.attend_sequences(q, k, v, index, own_k, own_v, sequences=ids, step=9, layer=3, history=True,
+                                  level_hints=np.zeros((2, 2, 4), np.int32))
 
 
 def test_sequences_refuse_bad_arguments():
