@@ -561,7 +561,7 @@ TEST(Sequences, ReferenceChecksItsHistories) {
   const options opt;
   const std::vector<std::uint64_t> ids{3, 4};
   const group_history h0(G), h1(G);
-  std::vector<float> q = synthetic::make_queries(src, 0, 2 * G, 13);
+  const std::vector<float> q = synthetic::make_queries(src, 0, 2 * G, 13);
   const std::vector<const group_history*> one{&h0};
   const std::vector<int> hints(2 * G, 3);
   EXPECT_THAT(error_message([&] {
@@ -569,7 +569,7 @@ TEST(Sequences, ReferenceChecksItsHistories) {
                                            std::span<const std::uint64_t>(ids), {}, {},
                                            std::span<const group_history* const>(one));
               }),
-              HasSubstr("histories has 1 entries, expected 0 or one per sequence (2)"));
+              HasSubstr("1 histories for 2 sequences (expected none or one per sequence)"));
   const std::vector<const group_history*> two{&h0, &h1};
   EXPECT_THAT(error_message([&] {
                 reference_attend_sequences(std::span<const float>(q), G, views, P, opt, noise_key{13, 0, 0},

@@ -412,8 +412,8 @@ inline std::vector<reference_result> reference_attend_sequences(
     throw error("reference_attend_sequences: level_hints has " + std::to_string(level_hints.size()) +
                 " elements, expected 0 or sequences * group = " + std::to_string(S * group));
   if (!histories.empty() && histories.size() != S)
-    throw error("reference_attend_sequences: histories has " + std::to_string(histories.size()) +
-                " entries, expected 0 or one per sequence (" + std::to_string(S) + ")");
+    throw error("reference_attend_sequences: " + std::to_string(histories.size()) + " histories for " +
+                std::to_string(S) + " sequences (expected none or one per sequence)");
   if (!histories.empty() && !level_hints.empty())
     throw error("reference_attend_sequences: level_hints and histories exclude each other (a history carries its "
                 "sequence's hints)");

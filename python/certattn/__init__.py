@@ -644,8 +644,7 @@ def reference_attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequen
         hints = np.asarray(level_hints)
         hints = np.ascontiguousarray(hints.reshape(S, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
     if history is not None:
-        if isinstance(history, _core.HistorySnapshot) or not all(isinstance(h, _core.HistorySnapshot)
-                                                                 for h in history):
+        if not isinstance(history, (list, tuple)) or not all(isinstance(h, _core.HistorySnapshot) for h in history):
             raise TypeError("history must be None or a list of KeyIndex.history_snapshot(sequence=id) results, "
                             "one per sequence")
         history = list(history)
