@@ -130,6 +130,7 @@ struct head_loop : row_access {
     const int hint = cx.hints.empty() ? -1 : cx.hints[st.g];
     for (int j = 0; j <= opt.max_levels; ++j) {
       if (j == first_last + 1) {  // the deeper levels' candidates, now needed
+        clock.lap(ws.stats_.stage_seconds[4]);  // the levels so far: the level loop's time
         st.candidates += bucket_candidates(j, opt.max_levels);
         clock.lap(ws.stats_.stage_seconds[3]);
       }
