@@ -442,11 +442,13 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
   headers.push_back("<cert");
   headers.push_back("<route");
   if (many_positions) headers.push_back("pos");
+  const std::size_t id_columns = headers.size();  // the columns that name a row's configuration
   for (const char* h : {"dense ms", "cert ms", "speedup", "keys %", "keys/head", "bytes %", "cand/call",
                         "refined/call", "lines/call", "certified %", "exact %", "dense GB/s", "of read bw",
                         "x floor"})
     headers.push_back(h);
   text_table table(headers);
+  std::vector<std::vector<std::string>> row_ids;  // each row's identifying cells
   for (const speed_row& r : rows) {
     std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads)};
     if (dtypes) c.push_back(to_string(r.dtype));
@@ -456,6 +458,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     c.push_back(std::string(to_string(r.certificate)));
     c.push_back(std::string(to_string(r.route)));
     if (many_positions) c.push_back(std::to_string(r.positions));
+    row_ids.push_back(c);
     c.push_back(strf("%.2f", r.dense_ms));
     c.push_back(strf("%.2f", r.certified_ms));
     c.push_back(strf("%.2fx", r.speedup));
@@ -491,15 +494,13 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
       dtypes ? "dense = the dense kernel over the cache in its dtype" : "fp16");
 
   if (f.profile_stages) {
-    std::vector<std::string> sh{"context", "<layout", "thr", "<cert"};
-    if (many_positions) sh.push_back("pos");
+    // The main table's identifying columns, so that each stage row names its configuration.
+    std::vector<std::string> sh(headers.begin(), headers.begin() + std::ptrdiff_t(id_columns));
     for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
     text_table stages(sh);
-    for (const speed_row& r : rows) {
-      std::vector<std::string> c{format_count(r.context), std::string(to_string(r.layout)), std::to_string(r.threads),
-                                 std::string(to_string(r.certificate))};
-      if (many_positions) c.push_back(std::to_string(r.positions));
-      for (double x : r.stage_ms) c.push_back(strf("%.3f", x));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::vector<std::string> c(row_ids[i].begin(), row_ids[i].end());
+      for (double x : rows[i].stage_ms) c.push_back(strf("%.3f", x));
       stages.add_row(c);
     }
     std::printf("\ncertified call by stage (--profile-stages): ms per step, summed over heads\n");
