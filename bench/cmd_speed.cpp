@@ -499,7 +499,7 @@ void report(const speed_flags& f, const grid& g, const std::vector<certificate_k
     for (const char* s : kStageNames) sh.push_back(std::string(s) + " ms");
     text_table stages(sh);
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      std::vector<std::string> c(row_ids[i].begin(), row_ids[i].end());
+      std::vector<std::string> c = row_ids[i];
       for (double x : rows[i].stage_ms) c.push_back(strf("%.3f", x));
       stages.add_row(c);
     }

@@ -553,6 +553,14 @@ def _sequence_args(q, k, v, own_k, own_v):
     return (kc, vc, ok, ov) + _stacked_queries(qf, kc, S)
 
 
+def _sequence_hints(level_hints, sequences: int, q3: np.ndarray) -> np.ndarray:
+    """level_hints [sequences, ...] as attend_sequences returned them (checked: one per query
+    head of every sequence), as the core's [kv_heads, sequences * group] int32 (q3 the
+    stacked queries)."""
+    hints = _level_hints(level_hints, q3.shape[0] * q3.shape[1])
+    return np.ascontiguousarray(hints.reshape(sequences, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
+
+
 def _sequence_ids(sequences, count: int) -> list[int]:
     ids = [_count(x, "sequences") for x in sequences]
     if len(ids) != count:
@@ -596,10 +604,7 @@ def attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequences, step:
     opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
                    routing, cost)
     use_history = _use_history(history, level_hints)
-    hints = None
-    if level_hints is not None:  # [S, ...] as the call returned them, to the core's [kv_heads, S * group]
-        hints = _level_hints(level_hints, heads * S).reshape(S, q3.shape[0], -1).swapaxes(0, 1)
-        hints = np.ascontiguousarray(hints, dtype=np.int32)
+    hints = None if level_hints is None else _sequence_hints(level_hints, S, q3)
     variant = _variant(softcap, alibi_slopes, sinks, sliding_window, heads)
     o, certs = _core.attend_sequences(q3, kc, vc, index._core, ok, ov, ids, opt, _count(step, "step"),
                                       _count(layer, "layer", 0, 2**32 - 1), _count(kv_head, "kv_head", 0, 2**32 - 1),
@@ -639,10 +644,7 @@ def reference_attend_sequences(q, k, v, index: KeyIndex, own_k, own_v, *, sequen
     ids = _sequence_ids(sequences, S)
     opt = _options(eps, delta, scale, certificate, window, grid_ratio, max_levels, grid_top, softmax_scale, seed,
                    routing, cost)
-    hints = None
-    if level_hints is not None:
-        hints = np.asarray(level_hints)
-        hints = np.ascontiguousarray(hints.reshape(S, q3.shape[0], -1).swapaxes(0, 1), dtype=np.int32)
+    hints = None if level_hints is None else _sequence_hints(level_hints, S, q3)
     if history is not None:
         if not isinstance(history, (list, tuple)) or not all(isinstance(h, _core.HistorySnapshot) for h in history):
             raise TypeError("history must be None or a list of KeyIndex.history_snapshot(sequence=id) results, "

@@ -372,6 +372,17 @@ bool histories_fit(const std::vector<group_history>& h, std::size_t heads, std::
   return h.size() == heads && !h.empty() && h[0].group() == group;
 }
 
+/// What a call made with a snapshot's histories starts from, for the reference: the
+/// snapshot's, or fresh ones when it holds none for this group size (the call creates
+/// them then). `name` is the argument's, for the error.
+std::vector<group_history> start_histories(const history_snapshot& snap, std::size_t heads, std::size_t group,
+                                           const std::string& name) {
+  if (!snap.heads.empty() && snap.heads.size() != heads)
+    throw py::value_error(name + ": a snapshot of " + std::to_string(snap.heads.size()) + " KV heads, the cache has " +
+                          std::to_string(heads));
+  return histories_fit(snap.heads, heads, group) ? snap.heads : std::vector<group_history>(heads, group_history(group));
+}
+
 /// Key indices of one KV head or a whole layer, with the workspaces and the thread pool
 /// their calls reuse (so that a steady-state call allocates nothing), and one
 /// group_history per KV head (docs/python.md, "Routing"). Calls on one index are
@@ -638,15 +649,18 @@ void check_positions(const query_arg& q, std::size_t positions) {
 }
 
 /// level_hints as C-contiguous int32 (data null for None): count integers, one per query
-/// head, as the previous call's certificates['level'] hold them.
+/// head, as the previous call's certificates['level'] hold them; refused beside a history,
+/// which carries the hints itself.
 struct hints_arg {
   py::array_t<std::int32_t> array;
   const std::int32_t* data = nullptr;
 };
 
-hints_arg hints_of(const py::object& in, std::size_t count) {
+hints_arg hints_of(const py::object& in, std::size_t count, bool with_history) {
   hints_arg h;
   if (in.is_none()) return h;
+  if (with_history)
+    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   h.array = py::array_t<std::int32_t, py::array::c_style>::ensure(in);
   if (!h.array || std::size_t(h.array.size()) != count)
     throw py::value_error("level_hints: expected " + std::to_string(count) +
@@ -669,10 +683,8 @@ py::tuple attend_py(const py::array& q_in, const py::array& k_in, const py::arra
     throw py::value_error("q has " + std::to_string(q.heads) + " KV-head groups, the cache " + std::to_string(k.heads));
   if (q.d != k.d)
     throw py::value_error("q: head_dim " + std::to_string(q.d) + " != the cache's " + std::to_string(k.d));
-  const hints_arg hint_arg = hints_of(hints_in, q.heads * q.group / positions);
+  const hints_arg hint_arg = hints_of(hints_in, q.heads * q.group / positions, use_history);
   const std::int32_t* hints = hint_arg.data;
-  if (hints != nullptr && use_history)
-    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
   py::array_t<float> out;
   if (out_in.is_none()) {
     out = py::array_t<float>({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
@@ -853,18 +865,9 @@ py::tuple reference_py(const py::array& q_in, const py::array& k_in, const py::a
                             std::to_string(k.n));
   }
   check_queries(q, k);
-  const hints_arg hints = hints_of(hints_in, q.heads * q.group);
-  if (history != nullptr && !hints_in.is_none())
-    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
-  if (history != nullptr && !history->heads.empty() && history->heads.size() != q.heads)
-    throw py::value_error("history: a snapshot of " + std::to_string(history->heads.size()) +
-                          " KV heads, the cache has " + std::to_string(q.heads));
-  // What attend() starts from: the snapshot's histories, or fresh ones when it holds none
-  // for this group size (attend() creates them then).
+  const hints_arg hints = hints_of(hints_in, q.heads * q.group, history != nullptr);
   std::vector<group_history> start;
-  if (history != nullptr)
-    start = histories_fit(history->heads, q.heads, q.group) ? history->heads
-                                                           : std::vector<group_history>(q.heads, group_history(q.group));
+  if (history != nullptr) start = start_histories(*history, q.heads, q.group, "history");
   const std::int32_t* hp = hints.data;
   py::array_t<double> out({py::ssize_t(q.heads), py::ssize_t(q.group), py::ssize_t(v.d)});
   auto certs = new_certs(q.heads, q.group);
@@ -946,9 +949,7 @@ py::tuple attend_sequences_py(const py::array& q_in, const py::array& k_in, cons
   index.check_cache(a.k, a.v);
   const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
   const std::size_t H = a.q.heads, SG = a.q.group;
-  const hints_arg hints = hints_of(hints_in, H * SG);
-  if (hints.data != nullptr && use_history)
-    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
+  const hints_arg hints = hints_of(hints_in, H * SG, use_history);
   py::array_t<float> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(a.v.d)});
   auto certs = new_certs(H, SG);
   float* o = out.mutable_data();
@@ -976,27 +977,19 @@ py::tuple reference_sequences_py(const py::array& q_in, const py::array& k_in, c
   index.check_cache(a.k, a.v);
   const std::vector<std::uint64_t> ids = sequence_ids_of(ids_in, a.own.size());
   const std::size_t H = a.q.heads, SG = a.q.group, G = a.group, d = a.q.d, dv = a.v.d, S = a.own.size();
-  const hints_arg hints = hints_of(hints_in, H * SG);
-  if (histories && hints.data != nullptr)
-    throw py::value_error("level_hints and history exclude each other (the history carries the hints)");
+  const hints_arg hints = hints_of(hints_in, H * SG, histories.has_value());
   if (histories && histories->size() != S)
     throw py::value_error("history: " + std::to_string(histories->size()) + " snapshots for " + std::to_string(S) +
                           " sequences (one per sequence, KeyIndex.history_snapshot(sequence=id))");
-  // What attend_sequences() starts from per sequence: its snapshot's histories, or fresh
-  // ones where it holds none for this group size. [heads][S]
-  std::vector<group_history> start;
+  // What attend_sequences() starts from: sequence s's histories [heads], and the call's
+  // pointers to them [heads][S].
+  std::vector<std::vector<group_history>> start;
   std::vector<const group_history*> start_of;
   if (histories) {
-    start.reserve(H * S);
+    for (std::size_t s = 0; s < S; ++s)
+      start.push_back(start_histories((*histories)[s], H, G, "history[" + std::to_string(s) + "]"));
     for (std::size_t h = 0; h < H; ++h)
-      for (std::size_t s = 0; s < S; ++s) {
-        const history_snapshot& snap = (*histories)[s];
-        if (!snap.heads.empty() && snap.heads.size() != H)
-          throw py::value_error("history[" + std::to_string(s) + "]: a snapshot of " +
-                                std::to_string(snap.heads.size()) + " KV heads, the cache has " + std::to_string(H));
-        start.push_back(histories_fit(snap.heads, H, G) ? snap.heads[h] : group_history(G));
-      }
-    for (const group_history& x : start) start_of.push_back(&x);
+      for (std::size_t s = 0; s < S; ++s) start_of.push_back(&start[s][h]);
   }
   py::array_t<double> out({py::ssize_t(H), py::ssize_t(SG), py::ssize_t(dv)});
   auto certs = new_certs(H, SG);

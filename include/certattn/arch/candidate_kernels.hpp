@@ -177,7 +177,7 @@ CERTATTN_TARGET_AVX512 inline void fill_exp1_upper_avx512(std::uint64_t noise, s
 CERTATTN_TARGET_AVX512 inline void perturbation_bounds_avx512(std::uint64_t noise, std::size_t n,
                                                               const float* off, float* e) noexcept {
   if (off == nullptr)
-    hash_exp1_upper_avx512<false>(noise, n, nullptr, e);
+    fill_exp1_upper_avx512(noise, n, e);
   else
     hash_exp1_upper_avx512<true>(noise, n, off, e);
 }
